@@ -1,0 +1,1 @@
+//! Shared pieces of the benchmarks and the load generator.

@@ -1,0 +1,2 @@
+//! moshid: the daemon's library (runtime, engine, transports, control API).
+pub mod codec;

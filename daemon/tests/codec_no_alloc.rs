@@ -1,0 +1,119 @@
+//! Hot-path discipline: after construction, decoding, frame cutting and
+//! encoding never touch the Rust allocator (counted by a global allocator
+//! wrapper, per thread). libopus's internal C allocations are not
+//! visible here; libopus 1.3 uses the stack for its per-call scratch.
+
+mod codec_common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use codec_common::*;
+use moshid::codec::{
+    CodecError, DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder,
+    DEFAULT_CUTTER_CAPACITY_SAMPLES, FRAME_SAMPLES,
+};
+
+struct CountingAllocator;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.with(Cell::get) {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the only
+// addition is a counter update, which does not allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+fn count_allocations(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(Cell::get);
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    assert_eq!(
+        count_allocations(|| drop(std::hint::black_box(Vec::<u8>::with_capacity(10)))),
+        1
+    );
+}
+
+#[test]
+fn steady_state_does_not_allocate() {
+    // Per-session setup: allocations allowed here.
+    let stream = fixture_bytes("sphn_chirp_2s");
+    let meta = fixture_meta("sphn_chirp_2s");
+    let message_bytes: Vec<usize> = meta["message_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let mut decoder = OggOpusDecoder::new(DecoderConfig::default()).unwrap();
+    let mut cutter = FrameCutter::new(DEFAULT_CUTTER_CAPACITY_SAMPLES).unwrap();
+    let mut encoder = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
+    let mut frame = [0f32; FRAME_SAMPLES];
+    let mut out = vec![0u8; 1 + encoder.max_output_bytes_per_frame()];
+    let (mut frames, mut sent_bytes) = (0usize, 0usize);
+
+    // The whole session, message by message as the client sent them.
+    let allocations = count_allocations(|| {
+        let mut pos = 0;
+        for &n in &message_bytes {
+            decoder.push_bytes(&stream[pos..pos + n]).unwrap();
+            pos += n;
+            while let Some(pcm) = decoder.next_pcm().unwrap() {
+                let mut rest = pcm;
+                while !rest.is_empty() {
+                    rest = &rest[cutter.push(rest)..];
+                    while cutter.pop_frame(&mut frame) {
+                        out[0] = 0x01; // message kind: audio
+                        sent_bytes += 1 + encoder.encode_frame(&frame, &mut out[1..]).unwrap();
+                        frames += 1;
+                    }
+                }
+            }
+        }
+        // Error paths do not allocate either.
+        assert!(matches!(decoder.push_bytes(&[0u8; 8]), Ok(())));
+        assert!(matches!(
+            decoder.next_pcm(),
+            Err(CodecError::BadCapturePattern { .. })
+        ));
+    });
+    assert_eq!(frames, (25 * FRAME_SAMPLES - FRAME_SAMPLES) / FRAME_SAMPLES);
+    assert!(sent_bytes > 0);
+    assert_eq!(allocations, 0, "allocations on the hot path");
+}

@@ -1,0 +1,1058 @@
+//! Model configurations: the official LM `config.json` and Mimi config key
+//! sets, parsed strictly.
+//!
+//! Invariants: a parsed config has been validated as a whole (dimensions
+//! divide, lengths agree, every value is one this implementation computes
+//! exactly). A key we do not know, or a value we would have to guess the
+//! meaning of, is refused with an error that names the key. Keys that only
+//! name files or carry generation defaults are kept or ignored, never refused.
+
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// A configuration that cannot be used, with the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The text is not JSON.
+    #[error("{path}: not valid JSON: {source}")]
+    Json {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// A key that this implementation does not know.
+    #[error("unknown key `{0}`")]
+    UnknownKey(String),
+    /// A required key is absent.
+    #[error("missing key `{0}`")]
+    MissingKey(String),
+    /// A key whose value is of the wrong type or outside what is supported.
+    #[error("key `{key}`: {why}")]
+    BadValue {
+        /// The key (dotted path for nested keys).
+        key: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+fn bad(key: &str, why: impl Into<String>) -> ConfigError {
+    ConfigError::BadValue {
+        key: key.to_string(),
+        why: why.into(),
+    }
+}
+
+/// Which family a checkpoint belongs to; it changes loading and end-of-stream rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelType {
+    /// Full-duplex dialogue (moshiko, moshika).
+    Moshi,
+    /// Simultaneous speech translation.
+    Hibiki,
+}
+
+/// Normalisation layers the official code offers and we compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// RMSNorm with eps 1e-8, computed in float32.
+    RmsNormF32,
+    /// RMSNorm with eps 1e-5.
+    RmsNorm,
+    /// LayerNorm with eps 1e-5, affine (weight and bias).
+    LayerNorm,
+}
+
+impl NormKind {
+    fn parse(key: &str, v: &str) -> Result<Self, ConfigError> {
+        Ok(match v {
+            "rms_norm_f32" => NormKind::RmsNormF32,
+            "rms_norm" => NormKind::RmsNorm,
+            "layer_norm" => NormKind::LayerNorm,
+            other => return Err(bad(key, format!("unsupported norm `{other}`"))),
+        })
+    }
+
+    /// The epsilon the official implementation uses for this norm.
+    pub fn eps(self) -> f32 {
+        match self {
+            NormKind::RmsNormF32 => 1e-8,
+            NormKind::RmsNorm | NormKind::LayerNorm => 1e-5,
+        }
+    }
+}
+
+/// Feed-forward block kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Plain two-layer MLP with GELU (Mimi's transformers).
+    None,
+    /// SiLU-gated linear unit (the LMs).
+    Silu,
+}
+
+impl Gating {
+    fn parse(key: &str, v: &str) -> Result<Self, ConfigError> {
+        Ok(match v {
+            "none" => Gating::None,
+            "silu" => Gating::Silu,
+            other => return Err(bad(key, format!("unsupported gating `{other}`"))),
+        })
+    }
+
+    /// Hidden width of the feed-forward block for a configured `dim_feedforward`.
+    /// Gated blocks use two thirds of it (the official `ActivationGating`).
+    pub fn hidden_dim(self, dim_feedforward: usize) -> usize {
+        match self {
+            Gating::None => dim_feedforward,
+            Gating::Silu => 2 * dim_feedforward / 3,
+        }
+    }
+}
+
+/// Positional encodings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PosEmb {
+    /// No positional information.
+    None,
+    /// Rotary embedding over interleaved pairs.
+    Rope,
+}
+
+impl PosEmb {
+    fn parse(key: &str, v: &str) -> Result<Self, ConfigError> {
+        Ok(match v {
+            "none" => PosEmb::None,
+            "rope" => PosEmb::Rope,
+            other => return Err(bad(key, format!("unsupported positional embedding `{other}`"))),
+        })
+    }
+}
+
+/// The depformer: the small transformer that predicts codebooks one by one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DepformerConfig {
+    /// Model width.
+    pub dim: usize,
+    /// Configured feed-forward width (before the 2/3 of gating).
+    pub dim_feedforward: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Layers.
+    pub num_layers: usize,
+    /// One input projection per codebook step.
+    pub multi_linear: bool,
+    /// Attention context in steps.
+    pub context: usize,
+    /// RoPE period (only used with `pos_emb == Rope`).
+    pub max_period: f32,
+    /// Feed-forward kind.
+    pub gating: Gating,
+    /// Positional encoding.
+    pub pos_emb: PosEmb,
+    /// One weight set per codebook step.
+    pub weights_per_step: bool,
+    /// Which weight set each step uses (`None`: step i uses set i).
+    pub weights_per_step_schedule: Option<Vec<usize>>,
+    /// Rank of the factorised depformer embeddings, when used.
+    pub low_rank_embeddings: Option<usize>,
+}
+
+impl DepformerConfig {
+    /// Number of distinct weight sets in the per-step layers.
+    pub fn num_weight_sets(&self, dep_q: usize) -> usize {
+        if !self.weights_per_step {
+            1
+        } else if let Some(s) = &self.weights_per_step_schedule {
+            s.iter().copied().max().map_or(0, |m| m + 1)
+        } else {
+            dep_q
+        }
+    }
+
+    /// The weight set used at depformer step `step`.
+    pub fn weight_set(&self, step: usize) -> usize {
+        if !self.weights_per_step {
+            0
+        } else if let Some(s) = &self.weights_per_step_schedule {
+            s[step]
+        } else {
+            step
+        }
+    }
+}
+
+/// A lookup-table conditioner (`type: lut`): one learnt vector per possible value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LutConditionerConfig {
+    /// Name of the condition (e.g. `description`).
+    pub name: String,
+    /// Embedding rows (`n_bins + 1` rows are stored).
+    pub n_bins: usize,
+    /// Embedding width.
+    pub dim: usize,
+    /// Output width after the projection (the LM's `dim`).
+    pub output_dim: usize,
+    /// The values, in the order that gives their ids.
+    pub possible_values: Vec<String>,
+}
+
+/// File names a checkpoint folder may override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointFiles {
+    /// LM weights.
+    pub lm: String,
+    /// Mimi weights.
+    pub mimi: String,
+    /// SentencePiece model.
+    pub tokenizer: String,
+    /// Mimi config, when the checkpoint ships one.
+    pub mimi_config: Option<String>,
+}
+
+impl Default for CheckpointFiles {
+    fn default() -> Self {
+        CheckpointFiles {
+            lm: "model.safetensors".into(),
+            mimi: "tokenizer-e351c8d8-checkpoint125.safetensors".into(),
+            tokenizer: "tokenizer_spm_32k_3.model".into(),
+            mimi_config: None,
+        }
+    }
+}
+
+/// The LM (Moshi or Hibiki) configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmConfig {
+    /// Moshi or Hibiki.
+    pub model_type: ModelType,
+    /// Temporal transformer width.
+    pub dim: usize,
+    /// Text vocabulary size (the embedding has one more row, the "ungenerated" id).
+    pub text_card: usize,
+    /// The text padding id.
+    pub existing_text_padding_id: u32,
+    /// Audio codebooks in the token stream (generated + user).
+    pub n_q: usize,
+    /// Audio codebooks the depformer generates.
+    pub dep_q: usize,
+    /// Entries per audio codebook.
+    pub card: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Layers.
+    pub num_layers: usize,
+    /// Feed-forward width as a multiple of `dim` (before the 2/3 of gating).
+    pub hidden_scale: f64,
+    /// Attention context (ring KV cache length) in steps.
+    pub context: usize,
+    /// RoPE period.
+    pub max_period: f32,
+    /// Norm kind.
+    pub norm: NormKind,
+    /// Feed-forward kind.
+    pub gating: Gating,
+    /// Per-stream delays: text first, then the `n_q` audio codebooks.
+    pub delays: Vec<usize>,
+    /// Depformer hyper-parameters.
+    pub depformer: DepformerConfig,
+    /// Lookup-table conditioners.
+    pub conditioners: Vec<LutConditionerConfig>,
+    /// Conditions summed into the input embedding.
+    pub fuser_sum: Vec<String>,
+    /// File names.
+    pub files: CheckpointFiles,
+}
+
+/// Keys that only carry information irrelevant to the computation.
+const LM_INERT_KEYS: &[&str] = &["lm_gen_config", "model_id", "stt_config", "tts_config"];
+
+fn obj<'a>(v: &'a Value, key: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+    v.as_object().ok_or_else(|| bad(key, "expected an object"))
+}
+
+/// A JSON object read key by key; `finish` refuses what was not read.
+struct Reader<'a> {
+    prefix: String,
+    map: &'a Map<String, Value>,
+    seen: Vec<&'a str>,
+}
+
+impl<'a> Reader<'a> {
+    fn new(prefix: &str, map: &'a Map<String, Value>) -> Self {
+        Reader {
+            prefix: prefix.to_string(),
+            map,
+            seen: Vec::new(),
+        }
+    }
+
+    fn key(&self, k: &str) -> String {
+        if self.prefix.is_empty() {
+            k.to_string()
+        } else {
+            format!("{}.{k}", self.prefix)
+        }
+    }
+
+    fn get(&mut self, k: &str) -> Option<&'a Value> {
+        let (name, v) = self.map.get_key_value(k)?;
+        self.seen.push(name.as_str());
+        if v.is_null() {
+            None
+        } else {
+            Some(v)
+        }
+    }
+
+    fn req(&mut self, k: &str) -> Result<&'a Value, ConfigError> {
+        self.get(k).ok_or_else(|| ConfigError::MissingKey(self.key(k)))
+    }
+
+    fn usize(&mut self, k: &str) -> Result<usize, ConfigError> {
+        let key = self.key(k);
+        self.req(k)?
+            .as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(&key, "expected a non-negative integer"))
+    }
+
+    fn opt_usize(&mut self, k: &str) -> Result<Option<usize>, ConfigError> {
+        let key = self.key(k);
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| bad(&key, "expected a non-negative integer")),
+        }
+    }
+
+    fn f64(&mut self, k: &str) -> Result<f64, ConfigError> {
+        let key = self.key(k);
+        self.req(k)?.as_f64().ok_or_else(|| bad(&key, "expected a number"))
+    }
+
+    fn opt_f64(&mut self, k: &str) -> Result<Option<f64>, ConfigError> {
+        let key = self.key(k);
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| bad(&key, "expected a number")),
+        }
+    }
+
+    fn bool_or(&mut self, k: &str, default: bool) -> Result<bool, ConfigError> {
+        let key = self.key(k);
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| bad(&key, "expected true or false")),
+        }
+    }
+
+    fn str_or(&mut self, k: &str, default: &str) -> Result<String, ConfigError> {
+        let key = self.key(k);
+        match self.get(k) {
+            None => Ok(default.to_string()),
+            Some(v) => v
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(&key, "expected a string")),
+        }
+    }
+
+    fn usize_list(&mut self, k: &str) -> Result<Option<Vec<usize>>, ConfigError> {
+        let key = self.key(k);
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        let arr = v.as_array().ok_or_else(|| bad(&key, "expected a list of integers"))?;
+        arr.iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|x| x as usize)
+                    .ok_or_else(|| bad(&key, "expected a list of non-negative integers"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// A key that must hold its default value (the computation depends on it).
+    fn expect(&mut self, k: &str, ok: impl Fn(&Value) -> bool, what: &str) -> Result<(), ConfigError> {
+        let key = self.key(k);
+        match self.get(k) {
+            None => Ok(()),
+            Some(v) if ok(v) => Ok(()),
+            Some(v) => Err(bad(&key, format!("only {what} is supported, got {v}"))),
+        }
+    }
+
+    fn skip(&mut self, k: &str) {
+        let _ = self.get(k);
+    }
+
+    fn finish(self) -> Result<(), ConfigError> {
+        for k in self.map.keys() {
+            if !self.seen.contains(&k.as_str()) {
+                return Err(ConfigError::UnknownKey(self.key(k)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_false(v: &Value) -> bool {
+    v.as_bool() == Some(false)
+}
+
+fn is_zero(v: &Value) -> bool {
+    v.as_u64() == Some(0)
+}
+
+fn read_json(path: &Path) -> Result<Value, ConfigError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: p.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ConfigError::Json { path: p, source })
+}
+
+impl LmConfig {
+    /// Reads and validates an LM `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_json(&read_json(path)?)
+    }
+
+    /// Validates an LM config given as JSON.
+    pub fn from_json(v: &Value) -> Result<Self, ConfigError> {
+        let mut r = Reader::new("", obj(v, "<root>")?);
+        let model_type = match r.str_or("model_type", "moshi")?.as_str() {
+            "moshi" => ModelType::Moshi,
+            "hibiki" => ModelType::Hibiki,
+            other => return Err(bad("model_type", format!("unsupported model type `{other}`"))),
+        };
+        let defaults = CheckpointFiles::default();
+        let files = CheckpointFiles {
+            lm: r.str_or("moshi_name", &defaults.lm)?,
+            mimi: r.str_or("mimi_name", &defaults.mimi)?,
+            tokenizer: r.str_or("tokenizer_name", &defaults.tokenizer)?,
+            mimi_config: r.get("mimi_config_name").and_then(Value::as_str).map(str::to_string),
+        };
+        for k in LM_INERT_KEYS {
+            r.skip(k);
+        }
+        let dim = r.usize("dim")?;
+        let text_card = r.usize("text_card")?;
+        let existing_text_padding_id = r.opt_usize("existing_text_padding_id")?.unwrap_or(3) as u32;
+        let n_q = r.usize("n_q")?;
+        let dep_q = r.usize("dep_q")?;
+        let card = r.usize("card")?;
+        let num_heads = r.usize("num_heads")?;
+        let num_layers = r.usize("num_layers")?;
+        let hidden_scale = r.opt_f64("hidden_scale")?.unwrap_or(4.0);
+        let context = r.usize("context")?;
+        let max_period = r.opt_f64("max_period")?.unwrap_or(10_000.0) as f32;
+        let norm = NormKind::parse("norm", &r.str_or("norm", "layer_norm")?)?;
+        let gating = Gating::parse("gating", &r.str_or("gating", "none")?)?;
+        let pos = PosEmb::parse("positional_embedding", &r.str_or("positional_embedding", "sin")?)?;
+        if pos != PosEmb::Rope {
+            return Err(bad("positional_embedding", "the LM must use `rope`"));
+        }
+        let delays = r.usize_list("delays")?.ok_or_else(|| ConfigError::MissingKey("delays".into()))?;
+        r.expect("causal", |v| v.as_bool() == Some(true), "true")?;
+        r.expect("layer_scale", |_| false, "null")?;
+        r.expect("depformer_layer_scale", |_| false, "null")?;
+        r.expect("text_card_out", |v| v.as_u64() == Some(text_card as u64), "text_card")?;
+        r.expect("demux_second_stream", is_false, "false")?;
+        r.expect("demux_second_text_stream", is_false, "false")?;
+        r.expect("norm_emb", is_false, "false")?;
+        r.expect("bias_proj", is_false, "false")?;
+        r.expect("extra_heads_num_heads", is_zero, "0")?;
+        r.skip("extra_heads_dim");
+        r.expect("existing_text_end_padding_id", is_zero, "0")?;
+        r.expect("depformer_norm", |_| false, "null")?;
+        r.expect("cross_attention", is_false, "false")?;
+        r.expect("lora", is_false, "false")?;
+        r.skip("lora_rank");
+        r.skip("lora_scaling");
+        r.skip("depformer_causal");
+        r.expect("kv_repeat", |v| v.as_u64() == Some(1), "1")?;
+        r.expect("bias_ff", is_false, "false")?;
+        r.expect("bias_attn", is_false, "false")?;
+
+        let depformer = DepformerConfig {
+            dim: r.usize("depformer_dim")?,
+            dim_feedforward: match r.opt_usize("depformer_dim_feedforward")? {
+                Some(x) => x,
+                None => return Err(ConfigError::MissingKey("depformer_dim_feedforward".into())),
+            },
+            num_heads: r.usize("depformer_num_heads")?,
+            num_layers: r.usize("depformer_num_layers")?,
+            multi_linear: r.bool_or("depformer_multi_linear", false)?,
+            context: r.opt_usize("depformer_context")?.unwrap_or(dep_q),
+            max_period: r.opt_f64("depformer_max_period")?.unwrap_or(10_000.0) as f32,
+            gating: Gating::parse("depformer_gating", &r.str_or("depformer_gating", "none")?)?,
+            pos_emb: PosEmb::parse("depformer_pos_emb", &r.str_or("depformer_pos_emb", "sin")?)?,
+            weights_per_step: r.bool_or("depformer_weights_per_step", false)?,
+            weights_per_step_schedule: r.usize_list("depformer_weights_per_step_schedule")?,
+            low_rank_embeddings: r.opt_usize("depformer_low_rank_embeddings")?,
+        };
+
+        let mut conditioners = Vec::new();
+        if let Some(c) = r.get("conditioners") {
+            for (name, spec) in obj(c, "conditioners")? {
+                conditioners.push(parse_lut(name, spec, dim)?);
+            }
+        }
+        let mut fuser_sum = Vec::new();
+        if let Some(f) = r.get("fuser") {
+            let mut fr = Reader::new("fuser", obj(f, "fuser")?);
+            if let Some(s) = fr.get("sum") {
+                let arr = s.as_array().ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
+                for x in arr {
+                    let n = x.as_str().ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
+                    fuser_sum.push(n.to_string());
+                }
+            }
+            let empty = |v: &Value| v.as_array().is_some_and(|a| a.is_empty());
+            fr.expect("cross", empty, "an empty list")?;
+            fr.expect("prepend", empty, "an empty list")?;
+            fr.skip("cross_attention_pos_emb");
+            fr.skip("cross_attention_pos_emb_scale");
+            fr.finish()?;
+        }
+        r.finish()?;
+
+        let cfg = LmConfig {
+            model_type,
+            dim,
+            text_card,
+            existing_text_padding_id,
+            n_q,
+            dep_q,
+            card,
+            num_heads,
+            num_layers,
+            hidden_scale,
+            context,
+            max_period,
+            norm,
+            gating,
+            delays,
+            depformer,
+            conditioners,
+            fuser_sum,
+            files,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let nonzero = [
+            ("dim", self.dim),
+            ("num_heads", self.num_heads),
+            ("num_layers", self.num_layers),
+            ("n_q", self.n_q),
+            ("dep_q", self.dep_q),
+            ("card", self.card),
+            ("text_card", self.text_card),
+            ("context", self.context),
+            ("depformer_dim", self.depformer.dim),
+            ("depformer_num_heads", self.depformer.num_heads),
+            ("depformer_context", self.depformer.context),
+        ];
+        for (k, v) in nonzero {
+            if v == 0 {
+                return Err(bad(k, "must be positive"));
+            }
+        }
+        if self.dim % self.num_heads != 0 {
+            return Err(bad("num_heads", format!("must divide dim {}", self.dim)));
+        }
+        if (self.dim / self.num_heads) % 2 != 0 {
+            return Err(bad("num_heads", "head dimension must be even for RoPE"));
+        }
+        if self.depformer.dim % self.depformer.num_heads != 0 {
+            return Err(bad("depformer_num_heads", format!("must divide depformer_dim {}", self.depformer.dim)));
+        }
+        if self.dep_q > self.n_q {
+            return Err(bad("dep_q", format!("must not exceed n_q {}", self.n_q)));
+        }
+        if self.delays.len() != self.n_q + 1 {
+            return Err(bad("delays", format!("expected n_q + 1 = {} entries, got {}", self.n_q + 1, self.delays.len())));
+        }
+        if self.gating != Gating::Silu || self.depformer.gating != Gating::Silu {
+            return Err(bad("gating", "the LM and its depformer must use `silu` gating"));
+        }
+        if !matches!(self.norm, NormKind::RmsNormF32 | NormKind::RmsNorm) {
+            return Err(bad("norm", "the LM must use an RMS norm"));
+        }
+        if !self.depformer.multi_linear {
+            return Err(bad("depformer_multi_linear", "only true is supported"));
+        }
+        if self.existing_text_padding_id as usize >= self.text_card {
+            return Err(bad("existing_text_padding_id", "must be below text_card"));
+        }
+        if let Some(s) = &self.depformer.weights_per_step_schedule {
+            if !self.depformer.weights_per_step {
+                return Err(bad("depformer_weights_per_step_schedule", "needs depformer_weights_per_step"));
+            }
+            if s.len() != self.dep_q {
+                return Err(bad("depformer_weights_per_step_schedule", format!("expected dep_q = {} entries", self.dep_q)));
+            }
+            let sets = s.iter().max().copied().unwrap_or(0) + 1;
+            if (0..sets).any(|i| !s.contains(&i)) {
+                return Err(bad("depformer_weights_per_step_schedule", "every weight set up to the largest must be used"));
+            }
+        }
+        if self.depformer.low_rank_embeddings == Some(0) {
+            return Err(bad("depformer_low_rank_embeddings", "must be positive"));
+        }
+        for name in &self.fuser_sum {
+            if !self.conditioners.iter().any(|c| &c.name == name) {
+                return Err(bad("fuser.sum", format!("names `{name}`, which is not a conditioner")));
+            }
+        }
+        for c in &self.conditioners {
+            if !self.fuser_sum.contains(&c.name) {
+                return Err(bad("fuser", format!("conditioner `{}` is not summed; only `sum` fusion is supported", c.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Total number of token streams: text plus `n_q` audio codebooks.
+    pub fn num_codebooks(&self) -> usize {
+        self.n_q + 1
+    }
+
+    /// Audio codebooks that come from the user (the input stream).
+    pub fn num_user_codebooks(&self) -> usize {
+        self.n_q - self.dep_q
+    }
+
+    /// The largest delay.
+    pub fn max_delay(&self) -> usize {
+        self.delays.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Feed-forward hidden width of the temporal transformer.
+    pub fn ffn_hidden(&self) -> usize {
+        self.gating.hidden_dim((self.hidden_scale * self.dim as f64) as usize)
+    }
+
+    /// Feed-forward hidden width of the depformer.
+    pub fn depformer_ffn_hidden(&self) -> usize {
+        self.depformer.gating.hidden_dim(self.depformer.dim_feedforward)
+    }
+
+    /// Bytes of KV cache per stream for the temporal transformer at full
+    /// context, with `bytes_per_value` per stored number (2 for bf16).
+    pub fn kv_bytes_per_stream(&self, bytes_per_value: usize) -> usize {
+        2 * self.num_layers * self.context * self.dim * bytes_per_value
+    }
+
+    /// Whether classifier-free guidance has something to condition on.
+    pub fn has_conditioners(&self) -> bool {
+        !self.conditioners.is_empty()
+    }
+
+    /// The built-in Moshi 7B configuration (moshiko / moshika ship no config.json).
+    pub fn moshi_7b() -> Self {
+        let v = serde_json::json!({
+            "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
+            "n_q": 16, "dep_q": 8, "card": 2048, "num_heads": 32, "num_layers": 32,
+            "hidden_scale": 4.125, "causal": true, "layer_scale": null, "context": 3000,
+            "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32",
+            "positional_embedding": "rope", "depformer_dim": 1024,
+            "depformer_dim_feedforward": 4224, "depformer_num_heads": 16,
+            "depformer_num_layers": 6, "depformer_layer_scale": null,
+            "depformer_multi_linear": true, "depformer_context": 8,
+            "depformer_max_period": 10000, "depformer_gating": "silu",
+            "depformer_pos_emb": "none", "depformer_weights_per_step": true,
+            "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
+        });
+        Self::from_json(&v).expect("the built-in Moshi 7B config is valid")
+    }
+}
+
+fn parse_lut(name: &str, spec: &Value, lm_dim: usize) -> Result<LutConditionerConfig, ConfigError> {
+    let prefix = format!("conditioners.{name}");
+    let mut r = Reader::new(&prefix, obj(spec, &prefix)?);
+    let kind = r.str_or("type", "")?;
+    if kind != "lut" {
+        return Err(bad(&format!("{prefix}.type"), format!("only `lut` conditioners are supported, got `{kind}`")));
+    }
+    let lut_key = format!("{prefix}.lut");
+    let lut = r.req("lut")?;
+    r.finish()?;
+    let mut l = Reader::new(&lut_key, obj(lut, &lut_key)?);
+    let n_bins = l.usize("n_bins")?;
+    let dim = l.usize("dim")?;
+    let output_dim = l.opt_usize("output_dim")?.unwrap_or(lm_dim);
+    l.expect("tokenizer", |v| v.as_str() == Some("noop"), "`noop`")?;
+    l.skip("device");
+    let pv_key = format!("{lut_key}.possible_values");
+    let pv = l.req("possible_values")?;
+    let possible_values = pv
+        .as_array()
+        .ok_or_else(|| bad(&pv_key, "expected a list of strings"))?
+        .iter()
+        .map(|x| x.as_str().map(str::to_string).ok_or_else(|| bad(&pv_key, "expected a list of strings")))
+        .collect::<Result<Vec<_>, _>>()?;
+    l.finish()?;
+    if possible_values.is_empty() || possible_values.len() > n_bins {
+        return Err(bad(&pv_key, format!("needs between 1 and n_bins = {n_bins} values")));
+    }
+    if output_dim != lm_dim {
+        return Err(bad(&format!("{lut_key}.output_dim"), format!("must equal the LM dim {lm_dim}")));
+    }
+    Ok(LutConditionerConfig {
+        name: name.to_string(),
+        n_bins,
+        dim,
+        output_dim,
+        possible_values,
+    })
+}
+
+/// SEANet encoder/decoder hyper-parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeanetConfig {
+    /// Audio channels (1).
+    pub channels: usize,
+    /// Latent width.
+    pub dimension: usize,
+    /// Base filter count.
+    pub n_filters: usize,
+    /// Residual blocks per stage.
+    pub n_residual_layers: usize,
+    /// Hidden width divisor in residual blocks.
+    pub compress: usize,
+    /// Dilation growth per residual layer.
+    pub dilation_base: usize,
+    /// First/last conv kernel.
+    pub kernel_size: usize,
+    /// Residual conv kernel.
+    pub residual_kernel_size: usize,
+    /// Final conv kernel.
+    pub last_kernel_size: usize,
+    /// Down-sampling ratios (the encoder applies them reversed).
+    pub ratios: Vec<usize>,
+    /// Identity skip in residual blocks.
+    pub true_skip: bool,
+}
+
+impl SeanetConfig {
+    /// Samples per latent step.
+    pub fn hop_length(&self) -> usize {
+        self.ratios.iter().product()
+    }
+}
+
+/// Split residual vector quantizer hyper-parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizerConfig {
+    /// Codebook vector width.
+    pub dimension: usize,
+    /// Codebooks stored in the checkpoint.
+    pub n_q: usize,
+    /// Entries per codebook.
+    pub bins: usize,
+    /// Input width.
+    pub input_dimension: usize,
+    /// Output width.
+    pub output_dimension: usize,
+}
+
+/// Mimi's streaming transformers (encoder and decoder side share this).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MimiTransformerConfig {
+    /// Width.
+    pub d_model: usize,
+    /// Heads.
+    pub num_heads: usize,
+    /// Layers.
+    pub num_layers: usize,
+    /// Layer scale init (its presence means `layer_scale_*` tensors exist).
+    pub layer_scale: Option<f64>,
+    /// Attention context in steps.
+    pub context: usize,
+    /// RoPE period.
+    pub max_period: f32,
+    /// Feed-forward width.
+    pub dim_feedforward: usize,
+    /// Norm kind.
+    pub norm: NormKind,
+}
+
+/// The Mimi codec configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MimiConfig {
+    /// Audio sample rate (24 000).
+    pub sample_rate: usize,
+    /// Audio channels (1).
+    pub channels: usize,
+    /// Token frame rate (12.5 Hz).
+    pub frame_rate: f64,
+    /// SEANet.
+    pub seanet: SeanetConfig,
+    /// Quantizer.
+    pub quantizer: QuantizerConfig,
+    /// Transformers.
+    pub transformer: MimiTransformerConfig,
+}
+
+impl MimiConfig {
+    /// Reads and validates a Mimi config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_json(&read_json(path)?)
+    }
+
+    /// Validates a Mimi config given as JSON.
+    pub fn from_json(v: &Value) -> Result<Self, ConfigError> {
+        let mut r = Reader::new("", obj(v, "<root>")?);
+        let sample_rate = r.usize("sample_rate")?;
+        let channels = r.usize("channels")?;
+        let frame_rate = r.f64("frame_rate")?;
+
+        let sv = r.req("seanet")?;
+        let mut s = Reader::new("seanet", obj(sv, "seanet")?);
+        let seanet = SeanetConfig {
+            channels: s.usize("channels")?,
+            dimension: s.usize("dimension")?,
+            n_filters: s.usize("n_filters")?,
+            n_residual_layers: s.usize("n_residual_layers")?,
+            compress: s.usize("compress")?,
+            dilation_base: s.usize("dilation_base")?,
+            kernel_size: s.usize("kernel_size")?,
+            residual_kernel_size: s.usize("residual_kernel_size")?,
+            last_kernel_size: s.usize("last_kernel_size")?,
+            ratios: s.usize_list("ratios")?.ok_or_else(|| ConfigError::MissingKey("seanet.ratios".into()))?,
+            true_skip: s.bool_or("true_skip", true)?,
+        };
+        s.expect("causal", |v| v.as_bool() == Some(true), "true")?;
+        s.expect("activation", |v| v.as_str() == Some("ELU"), "`ELU`")?;
+        s.expect("norm", |v| v.as_str() == Some("none"), "`none`")?;
+        s.expect("pad_mode", |v| v.as_str() == Some("constant"), "`constant`")?;
+        s.expect("disable_norm_outer_blocks", is_zero, "0")?;
+        s.expect("lstm", is_zero, "0")?;
+        s.skip("activation_params");
+        s.finish()?;
+
+        let qv = r.req("quantizer")?;
+        let mut q = Reader::new("quantizer", obj(qv, "quantizer")?);
+        let quantizer = QuantizerConfig {
+            dimension: q.usize("dimension")?,
+            n_q: q.usize("n_q")?,
+            bins: q.usize("bins")?,
+            input_dimension: q.usize("input_dimension")?,
+            output_dimension: q.usize("output_dimension")?,
+        };
+        q.expect("n_q_semantic", |v| v.as_u64() == Some(1), "1")?;
+        q.expect("no_quantization_rate", |v| v.as_f64() == Some(0.0), "0")?;
+        q.finish()?;
+
+        let tv = r.req("transformer")?;
+        let mut t = Reader::new("transformer", obj(tv, "transformer")?);
+        let transformer = MimiTransformerConfig {
+            d_model: t.usize("d_model")?,
+            num_heads: t.usize("num_heads")?,
+            num_layers: t.usize("num_layers")?,
+            layer_scale: t.opt_f64("layer_scale")?,
+            context: t.usize("context")?,
+            max_period: t.opt_f64("max_period")?.unwrap_or(10_000.0) as f32,
+            dim_feedforward: t.usize("dim_feedforward")?,
+            norm: NormKind::parse("transformer.norm", &t.str_or("norm", "layer_norm")?)?,
+        };
+        t.expect("causal", |v| v.as_bool() == Some(true), "true")?;
+        t.expect("conv_layout", |v| v.as_bool() == Some(true), "true")?;
+        t.expect("gating", |v| v.as_str() == Some("none"), "`none`")?;
+        t.expect("positional_embedding", |v| v.as_str() == Some("rope"), "`rope`")?;
+        let d = transformer.d_model as u64;
+        t.expect("input_dimension", |v| v.as_u64() == Some(d), "d_model")?;
+        t.expect(
+            "output_dimensions",
+            |v| v.as_array().is_some_and(|a| a.len() == 1 && a[0].as_u64() == Some(d)),
+            "[d_model]",
+        )?;
+        t.finish()?;
+        r.finish()?;
+
+        let cfg = MimiConfig {
+            sample_rate,
+            channels,
+            frame_rate,
+            seanet,
+            quantizer,
+            transformer,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.channels != 1 || self.seanet.channels != 1 {
+            return Err(bad("channels", "only mono (1) is supported"));
+        }
+        if self.seanet.ratios.is_empty() || self.seanet.ratios.contains(&0) {
+            return Err(bad("seanet.ratios", "must be a non-empty list of positive ratios"));
+        }
+        if self.seanet.compress == 0 || self.seanet.n_filters == 0 || self.seanet.dimension == 0 {
+            return Err(bad("seanet", "compress, n_filters and dimension must be positive"));
+        }
+        let t = &self.transformer;
+        if t.num_heads == 0 || t.d_model % t.num_heads != 0 || (t.d_model / t.num_heads) % 2 != 0 {
+            return Err(bad("transformer.num_heads", "must divide d_model into even head widths"));
+        }
+        if t.d_model != self.seanet.dimension {
+            return Err(bad("transformer.d_model", "must equal seanet.dimension"));
+        }
+        if t.norm != NormKind::LayerNorm {
+            return Err(bad("transformer.norm", "Mimi's transformers use `layer_norm`"));
+        }
+        let q = &self.quantizer;
+        if q.n_q < 2 || q.bins == 0 || q.dimension == 0 {
+            return Err(bad("quantizer", "needs n_q ≥ 2 (split RVQ), bins and dimension positive"));
+        }
+        if q.input_dimension != self.seanet.dimension || q.output_dimension != self.seanet.dimension {
+            return Err(bad("quantizer.input_dimension", "must equal seanet.dimension"));
+        }
+        let hop = self.seanet.hop_length() as f64;
+        let enc_rate = self.sample_rate as f64 / hop;
+        let ratio = enc_rate / self.frame_rate;
+        if (ratio - ratio.round()).abs() > 1e-9 || ratio.round() < 1.0 {
+            return Err(bad("frame_rate", format!("the encoder rate {enc_rate} Hz must be an integer multiple of it")));
+        }
+        Ok(())
+    }
+
+    /// Encoder steps per token frame (2 for the real Mimi: 25 Hz → 12.5 Hz).
+    pub fn downsample_stride(&self) -> usize {
+        let enc_rate = self.sample_rate as f64 / self.seanet.hop_length() as f64;
+        (enc_rate / self.frame_rate).round() as usize
+    }
+
+    /// Audio samples per token frame (1920 for the real Mimi).
+    pub fn frame_samples(&self) -> usize {
+        self.seanet.hop_length() * self.downsample_stride()
+    }
+
+    /// The real Mimi configuration.
+    pub fn mimi_default() -> Self {
+        let v = serde_json::json!({
+            "sample_rate": 24000, "channels": 1, "frame_rate": 12.5,
+            "seanet": {"channels": 1, "dimension": 512, "causal": true, "n_filters": 64,
+                "n_residual_layers": 1, "activation": "ELU", "compress": 2, "dilation_base": 2,
+                "disable_norm_outer_blocks": 0, "kernel_size": 7, "residual_kernel_size": 3,
+                "last_kernel_size": 3, "norm": "none", "pad_mode": "constant",
+                "ratios": [8, 6, 5, 4], "true_skip": true},
+            "quantizer": {"dimension": 256, "n_q": 32, "bins": 2048,
+                "input_dimension": 512, "output_dimension": 512},
+            "transformer": {"d_model": 512, "num_heads": 8, "num_layers": 8, "causal": true,
+                "layer_scale": 0.01, "context": 250, "conv_layout": true, "max_period": 10000,
+                "gating": "none", "norm": "layer_norm", "positional_embedding": "rope",
+                "dim_feedforward": 2048, "input_dimension": 512, "output_dimensions": [512]}
+        });
+        Self::from_json(&v).expect("the built-in Mimi config is valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn golden(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden").join(name)
+    }
+
+    #[test]
+    fn golden_configs_parse() {
+        let m = LmConfig::from_file(&golden("moshi-tiny/lm_config.json")).unwrap();
+        assert_eq!(m.model_type, ModelType::Moshi);
+        assert_eq!(m.ffn_hidden(), 176);
+        assert_eq!(m.depformer_ffn_hidden(), 88);
+        let h = LmConfig::from_file(&golden("hibiki-tiny/lm_config.json")).unwrap();
+        assert_eq!(h.model_type, ModelType::Hibiki);
+        assert_eq!(h.depformer.num_weight_sets(h.dep_q), 5);
+        assert_eq!(h.conditioners[0].possible_values.len(), 5);
+        let mimi = MimiConfig::from_file(&golden("moshi-tiny/mimi_config.json")).unwrap();
+        assert_eq!(mimi.frame_samples(), 1920);
+        assert_eq!(mimi.downsample_stride(), 2);
+    }
+
+    #[test]
+    fn builtin_configs_are_valid() {
+        let m = LmConfig::moshi_7b();
+        assert_eq!(m.ffn_hidden(), 11264);
+        // 1.47 GiB of bf16 KV cache per stream at full context.
+        let gib = m.kv_bytes_per_stream(2) as f64 / (1u64 << 30) as f64;
+        assert!((gib - 1.46).abs() < 0.02, "{gib}");
+        assert_eq!(MimiConfig::mimi_default().frame_samples(), 1920);
+    }
+
+    fn moshi_json() -> Value {
+        let text = std::fs::read_to_string(golden("moshi-tiny/lm_config.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn err_of(v: Value) -> String {
+        LmConfig::from_json(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let mut v = moshi_json();
+        v["mystery_knob"] = 3.into();
+        assert!(err_of(v).contains("mystery_knob"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut v = moshi_json();
+        v["num_heads"] = 5.into();
+        assert!(err_of(v).contains("num_heads"));
+        let mut v = moshi_json();
+        v["delays"] = serde_json::json!([0, 1]);
+        assert!(err_of(v).contains("delays"));
+        let mut v = moshi_json();
+        v["gating"] = "gelu".into();
+        assert!(err_of(v).contains("gating"));
+        let mut v = moshi_json();
+        v["dim"] = "wide".into();
+        assert!(err_of(v).contains("`dim`"));
+        let mut v = moshi_json();
+        v.as_object_mut().unwrap().remove("card");
+        assert!(err_of(v).contains("card"));
+        let mut v = moshi_json();
+        v["demux_second_stream"] = true.into();
+        assert!(err_of(v).contains("demux_second_stream"));
+    }
+
+    #[test]
+    fn schedule_must_match_dep_q() {
+        let text = std::fs::read_to_string(golden("hibiki-tiny/lm_config.json")).unwrap();
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        v["depformer_weights_per_step_schedule"] = serde_json::json!([0, 1, 2]);
+        assert!(err_of(v).contains("depformer_weights_per_step_schedule"));
+    }
+
+    #[test]
+    fn mimi_unknown_nested_key_is_named() {
+        let text = std::fs::read_to_string(golden("moshi-tiny/mimi_config.json")).unwrap();
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        v["seanet"]["wobble"] = 1.into();
+        let e = MimiConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("seanet.wobble"), "{e}");
+    }
+}

@@ -1,0 +1,11 @@
+//! moshid-model: Mimi and the Moshi/Hibiki LM in float32.
+//!
+//! The crate reads the official configurations and checkpoints, and runs the
+//! models frame by frame for a batch of independent streams ("slots"). Its CPU
+//! backend is exact against the official implementation and is the oracle for
+//! every other backend.
+
+pub mod config;
+pub mod ops;
+pub mod spm;
+pub mod weights;

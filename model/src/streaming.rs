@@ -1,0 +1,154 @@
+//! The engine's only view of a model: [`StreamingModel`] steps a [`Batch`] of
+//! slots, one 80 ms frame per slot per step.
+//!
+//! Invariants: a `Batch` is made once for `max_slots` and reused for every
+//! step (nothing in it is resized by a step); a slot's outputs depend only on
+//! that slot's inputs since its last reset, never on what else is batched; a
+//! slot whose `exec` flag is false does not advance and its outputs are left
+//! as they were.
+
+use crate::lm::GenParams;
+
+/// Per-session parameters given when a slot is (re)assigned.
+#[derive(Debug, Clone, Default)]
+pub struct SessionParams {
+    /// Decoding parameters (temperatures, top-k, seed, guidance, conditions).
+    pub gen: GenParams,
+}
+
+/// Why a step failed for one slot (the others are unaffected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotFault {
+    /// The model produced non-finite values for this slot.
+    NonFinite,
+}
+
+impl std::fmt::Display for SlotFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotFault::NonFinite => f.write_str("the model produced non-finite values"),
+        }
+    }
+}
+
+/// A model error that is not about one slot.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A slot index outside `0..max_slots`.
+    #[error("slot {slot} out of range (max_slots {max_slots})")]
+    SlotOutOfRange {
+        /// The slot.
+        slot: usize,
+        /// The model's capacity.
+        max_slots: usize,
+    },
+    /// Parameters the model cannot use.
+    #[error("invalid session parameters: {0}")]
+    Params(String),
+    /// A batch made for another shape.
+    #[error("batch shape mismatch: {0}")]
+    BatchShape(String),
+}
+
+/// Inputs and outputs of one step for every slot, allocated once.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    max_slots: usize,
+    frame_samples: usize,
+    audio_codebooks: usize,
+    /// Input PCM, `max_slots × frame_samples`, 24 kHz mono in [-1, 1].
+    pub input_pcm: Vec<f32>,
+    /// Which slots take a step.
+    pub exec: Vec<bool>,
+    /// Output PCM, `max_slots × frame_samples`; valid where `has_output`.
+    pub output_pcm: Vec<f32>,
+    /// Whether the slot produced an output frame this step (the first
+    /// `max_delay` steps of a stream produce none).
+    pub has_output: Vec<bool>,
+    /// The text token generated this step, where `has_output`.
+    pub text_token: Vec<u32>,
+    /// Generated audio codes, `max_slots × audio_codebooks`, where `has_output`.
+    pub audio_codes: Vec<u32>,
+    /// A per-slot failure of this step.
+    pub fault: Vec<Option<SlotFault>>,
+}
+
+impl Batch {
+    /// A batch for `max_slots` slots.
+    pub fn new(max_slots: usize, frame_samples: usize, audio_codebooks: usize) -> Self {
+        Batch {
+            max_slots,
+            frame_samples,
+            audio_codebooks,
+            input_pcm: vec![0.0; max_slots * frame_samples],
+            exec: vec![false; max_slots],
+            output_pcm: vec![0.0; max_slots * frame_samples],
+            has_output: vec![false; max_slots],
+            text_token: vec![0; max_slots],
+            audio_codes: vec![0; max_slots * audio_codebooks],
+            fault: vec![None; max_slots],
+        }
+    }
+
+    /// Slots in the batch.
+    pub fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    /// Samples per frame.
+    pub fn frame_samples(&self) -> usize {
+        self.frame_samples
+    }
+
+    /// Generated audio codebooks per slot.
+    pub fn audio_codebooks(&self) -> usize {
+        self.audio_codebooks
+    }
+
+    /// The input frame of a slot.
+    pub fn input_mut(&mut self, slot: usize) -> &mut [f32] {
+        let n = self.frame_samples;
+        &mut self.input_pcm[slot * n..(slot + 1) * n]
+    }
+
+    /// The output frame of a slot.
+    pub fn output(&self, slot: usize) -> &[f32] {
+        let n = self.frame_samples;
+        &self.output_pcm[slot * n..(slot + 1) * n]
+    }
+
+    /// The generated audio codes of a slot.
+    pub fn codes(&self, slot: usize) -> &[u32] {
+        let n = self.audio_codebooks;
+        &self.audio_codes[slot * n..(slot + 1) * n]
+    }
+
+    /// Number of slots taking a step.
+    pub fn active_count(&self) -> usize {
+        self.exec.iter().filter(|e| **e).count()
+    }
+}
+
+/// A model the engine can drive: fixed capacity, per-slot reset, one batched
+/// step per frame.
+pub trait StreamingModel: Send {
+    /// Slots (concurrent streams) the model was built for.
+    fn max_slots(&self) -> usize;
+
+    /// Samples per frame (1920 at 24 kHz).
+    fn frame_samples(&self) -> usize;
+
+    /// Generated audio codebooks per frame.
+    fn audio_codebooks(&self) -> usize;
+
+    /// A batch shaped for this model.
+    fn new_batch(&self) -> Batch {
+        Batch::new(self.max_slots(), self.frame_samples(), self.audio_codebooks())
+    }
+
+    /// Makes a slot as good as new for a new session.
+    fn reset_slot(&mut self, slot: usize, params: &SessionParams) -> Result<(), ModelError>;
+
+    /// Steps every slot whose `exec` flag is set. Must not allocate.
+    fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError>;
+}

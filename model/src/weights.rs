@@ -1,0 +1,407 @@
+//! Checkpoint files: safetensors read through mmap, with the official tensor
+//! names, into float32 for the CPU backend; and header-only validation.
+//!
+//! Two naming schemes exist for attention projections and both load: the
+//! published checkpoints stack every step's projection into one tensor
+//! (`…self_attn.in_proj_weight` `[n·3·d, d]`, `…self_attn.out_proj.weight`
+//! `[n·d, d]`), the current official code saves them split
+//! (`…self_attn.in_projs.{i}.weight`, `…self_attn.out_projs.{i}.weight`). The
+//! reader presents the split names whatever the file holds, so model code asks
+//! for one scheme only.
+//!
+//! Invariants: a tensor is handed out at most once ([`Weights::take`]); a
+//! missing tensor, a wrong shape or an unsupported dtype is an error naming the
+//! tensor; [`Weights::finish`] refuses a checkpoint with tensors nobody asked for.
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// A checkpoint that cannot be used, naming the file and tensor at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The file could not be opened or mapped.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The safetensors header is invalid.
+    #[error("{path}: not a valid safetensors file: {why}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        why: String,
+    },
+    /// A tensor the model needs is absent.
+    #[error("{path}: missing tensor `{name}`")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor has another shape than the configuration implies.
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Shape in the file.
+        found: Vec<usize>,
+        /// Shape the configuration implies.
+        expected: Vec<usize>,
+    },
+    /// A tensor is stored in a type we do not read.
+    #[error("{path}: tensor `{name}` has dtype {dtype}, expected BF16, F16 or F32")]
+    Dtype {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+    /// A tensor the configuration does not explain.
+    #[error("{path}: unexpected tensor `{name}` (the configuration does not use it)")]
+    Extra {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// A stacked attention tensor that cannot be split evenly.
+    #[error("{path}: stacked tensor `{name}` of shape {shape:?} cannot be split into per-step projections")]
+    BadStack {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+}
+
+/// The name and shape of one tensor a configuration requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Official (split-scheme) name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    /// A spec from a name and a shape.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        TensorSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Number of values.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Where a split-scheme tensor lives in the file.
+#[derive(Debug, Clone)]
+struct Entry {
+    dtype: Dtype,
+    /// Shape of this (possibly split-out) tensor.
+    shape: Vec<usize>,
+    /// Byte offset of its first value in the mapped file.
+    byte_start: usize,
+}
+
+/// A mapped safetensors file, indexed by split-scheme names.
+pub struct Checkpoint {
+    path: PathBuf,
+    mmap: Mmap,
+    entries: BTreeMap<String, Entry>,
+}
+
+const IN_STACKED: &str = ".self_attn.in_proj_weight";
+const OUT_STACKED: &str = ".self_attn.out_proj.weight";
+
+fn dtype_name(d: Dtype) -> String {
+    format!("{d:?}")
+}
+
+impl Checkpoint {
+    /// Maps a file and reads its header. Touches no tensor data.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let io = |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file is mapped read-only; a checkpoint modified while
+        // mapped is outside what we support (as for every mmap-based loader),
+        // and every view into the map is bounds-checked by safetensors.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let st = SafeTensors::deserialize(&mmap).map_err(|e| CheckpointError::Format {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        let mut entries = BTreeMap::new();
+        for (name, view) in st.tensors() {
+            let shape = view.shape().to_vec();
+            let dtype = view.dtype();
+            let data_start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
+            let elem_bytes = if dtype == Dtype::F32 { 4 } else { 2 };
+            let stack = if let Some(head) = name.strip_suffix(IN_STACKED) {
+                Some((format!("{head}.self_attn.in_projs"), 3))
+            } else {
+                name.strip_suffix(OUT_STACKED)
+                    .map(|head| (format!("{head}.self_attn.out_projs"), 1))
+            };
+            match stack {
+                Some((prefix, factor)) => {
+                    let bad = || CheckpointError::BadStack {
+                        path: path.to_path_buf(),
+                        name: name.clone(),
+                        shape: shape.clone(),
+                    };
+                    if shape.len() != 2 || shape[1] == 0 {
+                        return Err(bad());
+                    }
+                    let rows = factor * shape[1];
+                    if shape[0] % rows != 0 {
+                        return Err(bad());
+                    }
+                    for i in 0..shape[0] / rows {
+                        entries.insert(
+                            format!("{prefix}.{i}.weight"),
+                            Entry {
+                                dtype,
+                                shape: vec![rows, shape[1]],
+                                byte_start: data_start + i * rows * shape[1] * elem_bytes,
+                            },
+                        );
+                    }
+                }
+                None => {
+                    entries.insert(
+                        name.clone(),
+                        Entry {
+                            dtype,
+                            shape,
+                            byte_start: data_start,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            mmap,
+            entries,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Split-scheme names and shapes of every tensor in the file.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.entries.iter().map(|(k, e)| (k.as_str(), e.shape.as_slice()))
+    }
+
+    /// Checks names, shapes and dtypes against what a configuration needs,
+    /// without reading tensor data. Returns the number of parameters.
+    pub fn validate(&self, specs: &[TensorSpec]) -> Result<usize, CheckpointError> {
+        let mut wanted: HashMap<&str, &TensorSpec> = HashMap::new();
+        for s in specs {
+            wanted.insert(s.name.as_str(), s);
+        }
+        let mut params = 0;
+        for s in specs {
+            let e = self.entry(&s.name, &s.shape)?;
+            params += e.shape.iter().product::<usize>();
+        }
+        if let Some(name) = self.entries.keys().find(|k| !wanted.contains_key(k.as_str())) {
+            return Err(CheckpointError::Extra {
+                path: self.path.clone(),
+                name: name.clone(),
+            });
+        }
+        Ok(params)
+    }
+
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry, CheckpointError> {
+        let e = self.entries.get(name).ok_or_else(|| CheckpointError::Missing {
+            path: self.path.clone(),
+            name: name.to_string(),
+        })?;
+        if e.shape != shape {
+            return Err(CheckpointError::Shape {
+                path: self.path.clone(),
+                name: name.to_string(),
+                found: e.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        if !matches!(e.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+            return Err(CheckpointError::Dtype {
+                path: self.path.clone(),
+                name: name.to_string(),
+                dtype: dtype_name(e.dtype),
+            });
+        }
+        Ok(e)
+    }
+
+    /// Reads one tensor as float32 (converting bf16/f16).
+    pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
+        let e = self.entry(name, shape)?;
+        let numel: usize = e.shape.iter().product();
+        let elem_bytes = if e.dtype == Dtype::F32 { 4 } else { 2 };
+        let bytes = &self.mmap[e.byte_start..e.byte_start + numel * elem_bytes];
+        let out = match e.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => unreachable!("entry() admits float dtypes only"),
+        };
+        Ok(out)
+    }
+}
+
+/// Tensors of one checkpoint handed out by name, each once.
+pub struct Weights {
+    ckpt: Checkpoint,
+    taken: Vec<String>,
+}
+
+impl Weights {
+    /// Opens a checkpoint for loading.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        Ok(Weights {
+            ckpt: Checkpoint::open(path)?,
+            taken: Vec::new(),
+        })
+    }
+
+    /// The underlying file.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.ckpt
+    }
+
+    /// Whether the file holds a tensor of that (split-scheme) name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.ckpt.entries.contains_key(name)
+    }
+
+    /// Takes a tensor of the given shape, as float32 in row-major order.
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
+        let v = self.ckpt.read_f32(name, shape)?;
+        self.taken.push(name.to_string());
+        Ok(v)
+    }
+
+    /// Ends loading: every tensor in the file must have been taken.
+    pub fn finish(self) -> Result<(), CheckpointError> {
+        let taken: std::collections::HashSet<&str> = self.taken.iter().map(String::as_str).collect();
+        match self.ckpt.entries.keys().find(|k| !taken.contains(k.as_str())) {
+            Some(name) => Err(CheckpointError::Extra {
+                path: self.ckpt.path.clone(),
+                name: name.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    fn write(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn stacked_projections_read_as_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.safetensors");
+        // Two steps of a width-2 attention: in_proj [2·3·2, 2], out_proj [2·2, 2].
+        let inp: Vec<f32> = (0..24).map(|x| x as f32).collect();
+        let out: Vec<f32> = (0..8).map(|x| 100.0 + x as f32).collect();
+        write(
+            &p,
+            &[
+                ("l.self_attn.in_proj_weight", Dtype::F32, vec![12, 2], f32_bytes(&inp)),
+                ("l.self_attn.out_proj.weight", Dtype::F32, vec![4, 2], f32_bytes(&out)),
+            ],
+        );
+        let mut w = Weights::open(&p).unwrap();
+        assert_eq!(w.take("l.self_attn.in_projs.1.weight", &[6, 2]).unwrap(), inp[12..].to_vec());
+        assert_eq!(w.take("l.self_attn.in_projs.0.weight", &[6, 2]).unwrap(), inp[..12].to_vec());
+        assert_eq!(w.take("l.self_attn.out_projs.1.weight", &[2, 2]).unwrap(), out[4..].to_vec());
+        let e = w.take("l.self_attn.out_projs.0.weight", &[3, 2]).unwrap_err().to_string();
+        assert!(e.contains("out_projs.0") && e.contains("[2, 2]"), "{e}");
+        let e = w.finish().unwrap_err().to_string();
+        assert!(e.contains("out_projs.0"), "{e}");
+    }
+
+    #[test]
+    fn bf16_and_errors_name_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.safetensors");
+        let vals = [1.5f32, -2.0, 0.25];
+        let bf: Vec<u8> = vals.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+        write(
+            &p,
+            &[
+                ("a", Dtype::BF16, vec![3], bf),
+                ("ints", Dtype::I64, vec![1], 7i64.to_le_bytes().to_vec()),
+            ],
+        );
+        let mut w = Weights::open(&p).unwrap();
+        assert_eq!(w.take("a", &[3]).unwrap(), vals.to_vec());
+        let e = w.take("missing", &[1]).unwrap_err().to_string();
+        assert!(e.contains("missing tensor `missing`"), "{e}");
+        let e = w.take("ints", &[1]).unwrap_err().to_string();
+        assert!(e.contains("`ints`") && e.contains("I64"), "{e}");
+        let ck = w.checkpoint();
+        let e = ck.validate(&[TensorSpec::new("a", &[3])]).unwrap_err().to_string();
+        assert!(e.contains("unexpected tensor `ints`"), "{e}");
+    }
+
+    #[test]
+    fn garbage_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.safetensors");
+        std::fs::write(&p, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
+        assert!(matches!(Weights::open(&p), Err(CheckpointError::Format { .. })));
+    }
+}
