@@ -1,2 +1,24 @@
 //! moshid: the daemon's library (runtime, engine, transports, control API).
+//!
+//! The path of one frame: a transport on an I/O core decodes and cuts 80 ms
+//! frames, pushes them through its lane to the engine thread, which steps
+//! every stream of a phase group as one batch and sends each output back to
+//! the stream's core, where it is encoded and sent.
+
+/// Samples per model frame (80 ms at 24 kHz).
+pub const FRAME_SAMPLES: usize = 1920;
+/// Model frame duration in milliseconds.
+pub const FRAME_MS: f64 = 80.0;
+/// The model's sample rate.
+pub const SAMPLE_RATE_HZ: u32 = 24_000;
+
+pub mod config;
+pub mod engine;
+pub mod io;
+pub mod runtime;
+pub mod session;
+pub mod transport;
+pub mod cli;
+pub mod client;
 pub mod codec;
+pub mod http;

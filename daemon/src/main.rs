@@ -1,1 +1,5 @@
-fn main() {}
+//! The `moshid` binary: see `moshid --help`.
+
+fn main() -> std::process::ExitCode {
+    moshid::cli::main()
+}

@@ -5,7 +5,13 @@
 //! backend is exact against the official implementation and is the oracle for
 //! every other backend.
 
+pub mod checkpoint;
 pub mod config;
+pub mod cpu;
+pub mod demo;
+pub mod lm;
+pub mod mimi;
 pub mod ops;
 pub mod spm;
+pub mod streaming;
 pub mod weights;

@@ -1,1 +1,52 @@
-fn main() {}
+//! `moshid-model`: checkpoint tools.
+//!
+//! * `check-checkpoint DIR` validates a checkpoint folder from the safetensors
+//!   headers alone (config, every tensor name, shape and dtype) and prints
+//!   what it found; exits non-zero with the reason otherwise.
+//! * `write-demo DIR [--seed N]` writes the random-weight demo checkpoint.
+
+use clap::{Parser, Subcommand};
+use moshid_model::checkpoint::CheckpointDir;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "moshid-model", about = "moshid model tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a checkpoint folder from its headers (fast, reads no weights).
+    CheckCheckpoint {
+        /// The checkpoint folder.
+        dir: PathBuf,
+    },
+    /// Write the random-weight demo checkpoint.
+    WriteDemo {
+        /// Destination folder (replaced).
+        dir: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = moshid_model::demo::DEMO_SEED)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
+        Command::WriteDemo { dir, seed } => match moshid_model::demo::write_demo(&dir, seed) {
+            Ok(()) => {
+                println!("wrote the demo checkpoint (random weights) to {}", dir.display());
+                let _ = CheckpointDir::open(&dir);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -60,6 +60,9 @@ pub struct Batch {
     pub input_pcm: Vec<f32>,
     /// Which slots take a step.
     pub exec: Vec<bool>,
+    /// Slots whose input has ended: this step feeds the model's end-of-stream
+    /// input instead of `input_pcm` (Hibiki; see `lm::EndOfStream`).
+    pub end_of_input: Vec<bool>,
     /// Output PCM, `max_slots × frame_samples`; valid where `has_output`.
     pub output_pcm: Vec<f32>,
     /// Whether the slot produced an output frame this step (the first
@@ -82,6 +85,7 @@ impl Batch {
             audio_codebooks,
             input_pcm: vec![0.0; max_slots * frame_samples],
             exec: vec![false; max_slots],
+            end_of_input: vec![false; max_slots],
             output_pcm: vec![0.0; max_slots * frame_samples],
             has_output: vec![false; max_slots],
             text_token: vec![0; max_slots],

@@ -1,0 +1,170 @@
+//! The command line: `moshid serve`, `moshid client`, `moshid check-checkpoint`.
+//!
+//! `serve` with no arguments runs the embedded demo checkpoint on the CPU on
+//! 127.0.0.1:8998. Command-line values override the config file's; the
+//! result is validated as a whole before anything starts.
+
+use crate::client::ClientArgs;
+use crate::config::{Backend, Config};
+use crate::runtime::{self, Hooks};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// moshid: real-time Moshi/Hibiki serving.
+#[derive(Parser)]
+#[command(name = "moshid", version, about = "Real-time Moshi/Hibiki serving daemon")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the daemon (no arguments: the embedded demo model on 127.0.0.1:8998).
+    Serve(ServeArgs),
+    /// Stream a WAV file to a daemon in real time and write what comes back.
+    Client(ClientArgs),
+    /// Validate a checkpoint folder from its headers (reads no weights).
+    CheckCheckpoint {
+        /// The checkpoint folder.
+        dir: PathBuf,
+    },
+}
+
+/// `moshid serve` options (each overrides the config file).
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// JSON config file.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Checkpoint folder (default: the embedded demo).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Listen address, e.g. 127.0.0.1:8998 (port 0 picks a free port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Backend.
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// Concurrent streams.
+    #[arg(long)]
+    pub max_slots: Option<usize>,
+    /// I/O cores.
+    #[arg(long)]
+    pub io_cores: Option<usize>,
+    /// Phase groups (1..=4).
+    #[arg(long)]
+    pub phase_groups: Option<usize>,
+    /// Where the demo checkpoint is cached.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Bearer token for a non-loopback listener.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+impl ServeArgs {
+    /// The config file (or defaults) with the command line applied, validated.
+    pub fn resolve(&self) -> Result<Config, String> {
+        let mut cfg = match &self.config {
+            Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+            None => Config::default(),
+        };
+        if let Some(m) = &self.model {
+            cfg.model.dir = Some(m.clone());
+        }
+        if let Some(a) = self.listen {
+            cfg.listen.address = a;
+        }
+        if let Some(b) = self.backend {
+            cfg.model.backend = b;
+        }
+        if let Some(n) = self.max_slots {
+            cfg.model.max_slots = n;
+        }
+        if let Some(n) = self.io_cores {
+            cfg.runtime.io_cores = n;
+            if cfg.runtime.io_cpus.as_ref().is_some_and(|c| c.len() != n) {
+                return Err("--io-cores conflicts with `runtime.io_cpus` in the config file".into());
+            }
+        }
+        if let Some(n) = self.phase_groups {
+            cfg.engine.phase_groups = n;
+        }
+        if let Some(d) = &self.cache_dir {
+            cfg.model.cache_dir = Some(d.clone());
+        }
+        if let Some(t) = &self.token {
+            cfg.listen.token = Some(t.clone());
+        }
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+}
+
+/// Runs `moshid serve`.
+pub fn serve(args: ServeArgs) -> ExitCode {
+    let cfg = match args.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    match signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]) {
+        Ok(mut signals) => {
+            std::thread::Builder::new()
+                .name("moshid-signals".into())
+                .spawn(move || {
+                    if let Some(sig) = signals.forever().next() {
+                        eprintln!("<6>signal {sig}: shutting down");
+                        let _ = stop_tx.send(());
+                    }
+                })
+                .expect("spawning the signal thread");
+        }
+        Err(e) => {
+            eprintln!("error: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let loaded = match runtime::load_model(&cfg) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let hooks = Hooks {
+        on_ready: Some(Box::new(|addr| {
+            println!("moshid listening on http://{addr}");
+            println!("  WebSocket chat:  ws://{addr}/api/chat");
+            println!("  health/capacity: http://{addr}/health  http://{addr}/capacity");
+            println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        })),
+        ..Hooks::default()
+    };
+    match runtime::run(cfg, loaded, hooks, stop_rx) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Entry point of the `moshid` binary.
+pub fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args),
+        Command::Client(args) => crate::client::main_client(args),
+        Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
+    }
+}

@@ -1,0 +1,397 @@
+//! The daemon's configuration: a JSON file (every bound lives here), command
+//! line overrides, and validation at start with errors that name the key.
+//!
+//! Invariants: a [`Config`] returned by [`Config::load`] has passed
+//! [`Config::validate`]; no value in it is guessed — conflicting settings are
+//! refused. Unknown keys are refused (serde's `deny_unknown_fields`), so a
+//! typo cannot silently leave a default in place.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid JSON, or has unknown keys or wrong types.
+    #[error("config {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// serde's message (names the key).
+        source: serde_json::Error,
+    },
+    /// A value outside what the daemon supports.
+    #[error("config key `{key}`: {why}")]
+    Invalid {
+        /// Dotted key.
+        key: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn invalid(key: &'static str, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key, why: why.into() }
+}
+
+/// Which model backend steps the streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// CUDA when a driver is present, otherwise the CPU.
+    Auto,
+    /// The float32 CPU reference.
+    Cpu,
+    /// The GPU backend.
+    Cuda,
+}
+
+/// `model.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Checkpoint folder; `null` runs the embedded demo checkpoint.
+    pub dir: Option<PathBuf>,
+    /// Backend choice.
+    pub backend: Backend,
+    /// Concurrent streams the model is built for.
+    pub max_slots: usize,
+    /// Where the demo checkpoint is written on first use.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dir: None,
+            backend: Backend::Auto,
+            max_slots: 8,
+            cache_dir: None,
+        }
+    }
+}
+
+/// `runtime.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Number of I/O cores (glommio executors).
+    pub io_cores: usize,
+    /// CPUs for the I/O cores, in order; `null` picks from the allowed set.
+    pub io_cpus: Option<Vec<usize>>,
+    /// CPU for the engine thread; `null` picks one not used by an I/O core
+    /// when there is one.
+    pub engine_cpu: Option<usize>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            io_cores: 1,
+            io_cpus: None,
+            engine_cpu: None,
+        }
+    }
+}
+
+/// `engine.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Phase groups (1..=4): ticks at offsets of 80/G ms.
+    pub phase_groups: usize,
+    /// Time kept free in each group's budget, in milliseconds.
+    pub budget_margin_ms: f64,
+    /// Frames a slot may have queued at the engine before new ones are dropped.
+    pub queued_frames_per_slot: usize,
+    /// Model steps per batch size during warm-up.
+    pub warmup_steps: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            phase_groups: 1,
+            budget_margin_ms: 10.0,
+            queued_frames_per_slot: 4,
+            warmup_steps: 3,
+        }
+    }
+}
+
+/// `listen.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// Address of the WebSocket + HTTP control listener.
+    pub address: SocketAddr,
+    /// Open connections per I/O core beyond which new ones are closed at once.
+    pub max_connections_per_core: usize,
+    /// Bearer token required when the listener is not on loopback.
+    pub token: Option<String>,
+    /// Largest HTTP request head, in bytes.
+    pub max_head_bytes: usize,
+    /// Largest HTTP request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Time allowed to send a request head, in milliseconds.
+    pub head_timeout_ms: u64,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            address: "127.0.0.1:8998".parse().expect("valid literal"),
+            max_connections_per_core: 1024,
+            token: None,
+            max_head_bytes: 16 * 1024,
+            max_body_bytes: 64 * 1024,
+            head_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// `session.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// Largest WebSocket message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Frames sent to the engine and not yet answered, per session, beyond
+    /// which the session stops reading its socket (backpressure).
+    pub max_frames_in_flight: usize,
+    /// A session that sends nothing for this long is closed, in milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Longest session, in seconds (0: unlimited).
+    pub max_session_seconds: u64,
+    /// Outgoing messages queued for a client that does not read, beyond which
+    /// the session is closed.
+    pub max_queued_messages: usize,
+    /// On shutdown, how long sessions may go on before they are closed, in
+    /// milliseconds.
+    pub drain_grace_ms: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_message_bytes: 64 * 1024,
+            max_frames_in_flight: 8,
+            idle_timeout_ms: 30_000,
+            max_session_seconds: 3_600,
+            max_queued_messages: 256,
+            drain_grace_ms: 30_000,
+        }
+    }
+}
+
+/// `defaults.*`: decoding parameters a session gets unless its query says otherwise.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenDefaults {
+    /// Text sampling temperature.
+    pub text_temperature: f32,
+    /// Text top-k.
+    pub text_topk: usize,
+    /// Audio sampling temperature.
+    pub audio_temperature: f32,
+    /// Audio top-k.
+    pub audio_topk: usize,
+    /// Classifier-free guidance coefficient (models with conditioners).
+    pub cfg_coef: f32,
+}
+
+impl Default for GenDefaults {
+    fn default() -> Self {
+        GenDefaults {
+            text_temperature: 0.7,
+            text_topk: 25,
+            audio_temperature: 0.8,
+            audio_topk: 250,
+            cfg_coef: 1.0,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Model and backend.
+    pub model: ModelConfig,
+    /// Cores.
+    pub runtime: RuntimeConfig,
+    /// Engine.
+    pub engine: EngineConfig,
+    /// Listener and control API.
+    pub listen: ListenConfig,
+    /// Per-session bounds.
+    pub session: SessionConfig,
+    /// Decoding defaults.
+    pub defaults: GenDefaults,
+}
+
+impl Config {
+    /// Reads a config file (missing keys take their defaults) and validates it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: Config = serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every bound; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let m = &self.model;
+        if m.max_slots == 0 || m.max_slots > 4096 {
+            return Err(invalid("model.max_slots", "must be between 1 and 4096"));
+        }
+        let r = &self.runtime;
+        if r.io_cores == 0 || r.io_cores > 256 {
+            return Err(invalid("runtime.io_cores", "must be between 1 and 256"));
+        }
+        if let Some(cpus) = &r.io_cpus {
+            if cpus.len() != r.io_cores {
+                return Err(invalid(
+                    "runtime.io_cpus",
+                    format!("lists {} CPUs for {} I/O cores", cpus.len(), r.io_cores),
+                ));
+            }
+            let mut seen = cpus.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            if seen.len() != cpus.len() {
+                return Err(invalid("runtime.io_cpus", "lists a CPU twice"));
+            }
+        }
+        let e = &self.engine;
+        if !(1..=4).contains(&e.phase_groups) {
+            return Err(invalid("engine.phase_groups", "must be between 1 and 4"));
+        }
+        let group_ms = crate::FRAME_MS / e.phase_groups as f64;
+        if !(0.0..group_ms).contains(&e.budget_margin_ms) {
+            return Err(invalid(
+                "engine.budget_margin_ms",
+                format!("must be at least 0 and below the group period {group_ms} ms"),
+            ));
+        }
+        if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {
+            return Err(invalid("engine.queued_frames_per_slot", "must be between 1 and 64"));
+        }
+        if e.warmup_steps == 0 || e.warmup_steps > 100 {
+            return Err(invalid("engine.warmup_steps", "must be between 1 and 100"));
+        }
+        let l = &self.listen;
+        if l.max_connections_per_core == 0 {
+            return Err(invalid("listen.max_connections_per_core", "must be positive"));
+        }
+        if !l.address.ip().is_loopback() && l.token.as_deref().is_none_or(str::is_empty) {
+            return Err(invalid(
+                "listen.token",
+                format!(
+                    "is required when listening on {} (not loopback): set a bearer token",
+                    l.address
+                ),
+            ));
+        }
+        if l.max_head_bytes < 512 || l.max_body_bytes == 0 || l.head_timeout_ms == 0 {
+            return Err(invalid(
+                "listen.max_head_bytes",
+                "max_head_bytes ≥ 512, max_body_bytes and head_timeout_ms positive",
+            ));
+        }
+        let s = &self.session;
+        if s.max_message_bytes < 1024 {
+            return Err(invalid("session.max_message_bytes", "must be at least 1024"));
+        }
+        if s.max_frames_in_flight == 0 {
+            return Err(invalid("session.max_frames_in_flight", "must be positive"));
+        }
+        if s.max_frames_in_flight > e.queued_frames_per_slot * 4 {
+            return Err(invalid(
+                "session.max_frames_in_flight",
+                "must not exceed 4 × engine.queued_frames_per_slot",
+            ));
+        }
+        if s.idle_timeout_ms == 0 || s.max_queued_messages == 0 {
+            return Err(invalid("session.idle_timeout_ms", "idle_timeout_ms and max_queued_messages must be positive"));
+        }
+        let d = &self.defaults;
+        if !(d.text_temperature >= 0.0 && d.audio_temperature >= 0.0) {
+            return Err(invalid("defaults.text_temperature", "temperatures must be ≥ 0"));
+        }
+        if d.text_topk == 0 || d.audio_topk == 0 {
+            return Err(invalid("defaults.text_topk", "top-k values must be positive"));
+        }
+        if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
+            return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
+        }
+        Ok(())
+    }
+
+    /// Frame records a lane between one I/O core and the engine holds.
+    pub fn lane_capacity_frames(&self) -> usize {
+        // Every slot may have its in-flight frames in the lane at once, plus
+        // one open and one close record per slot.
+        self.model.max_slots * (self.session.max_frames_in_flight + 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn empty_object_is_the_default() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.listen.address.port(), 8998);
+        assert_eq!(c.engine.phase_groups, 1);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = parse(r#"{"engine": {"phase_grups": 2}}"#).unwrap_err();
+        assert!(e.contains("phase_grups"), "{e}");
+        let e = parse(r#"{"enigne": {}}"#).unwrap_err();
+        assert!(e.contains("enigne"), "{e}");
+    }
+
+    #[test]
+    fn bounds_are_checked_by_key() {
+        let e = parse(r#"{"engine": {"phase_groups": 5}}"#).unwrap_err();
+        assert!(e.contains("engine.phase_groups"), "{e}");
+        let e = parse(r#"{"model": {"max_slots": 0}}"#).unwrap_err();
+        assert!(e.contains("model.max_slots"), "{e}");
+        let e = parse(r#"{"runtime": {"io_cores": 2, "io_cpus": [0]}}"#).unwrap_err();
+        assert!(e.contains("runtime.io_cpus"), "{e}");
+        let e = parse(r#"{"engine": {"phase_groups": 4, "budget_margin_ms": 20}}"#).unwrap_err();
+        assert!(e.contains("engine.budget_margin_ms"), "{e}");
+    }
+
+    #[test]
+    fn public_listener_needs_a_token() {
+        let e = parse(r#"{"listen": {"address": "0.0.0.0:8998"}}"#).unwrap_err();
+        assert!(e.contains("listen.token"), "{e}");
+        parse(r#"{"listen": {"address": "0.0.0.0:8998", "token": "s3cret"}}"#).unwrap();
+    }
+}

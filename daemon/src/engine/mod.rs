@@ -1,0 +1,175 @@
+//! The engine: one pinned thread that owns the model and steps every stream
+//! of a phase group as one batch, fed and drained through the lanes.
+//!
+//! * [`records`]: what crosses the lanes.
+//! * [`admission`]: slots, groups, refusals, published capacity.
+//! * [`step_times`]: the measured step-time model admission relies on.
+//! * [`thread`]: the tick loop.
+//!
+//! Invariants: the engine thread is the only one that touches the model; it
+//! never blocks on an I/O core (a full lane is counted, never waited on); the
+//! tick allocates nothing.
+
+pub mod admission;
+pub mod records;
+pub mod step_times;
+pub mod thread;
+
+use admission::AdmissionTable;
+use moshid_ringbuf::{lane, Doorbell, LaneReceiver, LaneSender};
+use records::{FromEngine, ToEngine};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use step_times::StepTimes;
+
+/// Counters the engine thread writes and anyone reads (single writer, relaxed).
+#[derive(Default)]
+pub struct EngineStats {
+    /// Model steps taken.
+    pub steps: AtomicU64,
+    /// Stream-frames stepped.
+    pub frames_stepped: AtomicU64,
+    /// Steps that batched more than one stream.
+    pub multi_stream_steps: AtomicU64,
+    /// Largest batch stepped.
+    pub max_batch: AtomicU64,
+    /// Ticks that started over one group period late.
+    pub late_ticks: AtomicU64,
+    /// Frames dropped because a slot's engine queue was full.
+    pub dropped_frames: AtomicU64,
+    /// Output records lost because an I/O core's lane was full.
+    pub lost_outputs: AtomicU64,
+    /// Per-slot model faults.
+    pub faults: AtomicU64,
+}
+
+/// A snapshot of [`EngineStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStatsSnapshot {
+    /// Model steps taken.
+    pub steps: u64,
+    /// Stream-frames stepped.
+    pub frames_stepped: u64,
+    /// Steps that batched more than one stream.
+    pub multi_stream_steps: u64,
+    /// Largest batch stepped.
+    pub max_batch: u64,
+    /// Late ticks.
+    pub late_ticks: u64,
+    /// Frames dropped at the engine.
+    pub dropped_frames: u64,
+    /// Outputs lost to a full lane.
+    pub lost_outputs: u64,
+    /// Per-slot faults.
+    pub faults: u64,
+}
+
+impl EngineStats {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> EngineStatsSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EngineStatsSnapshot {
+            steps: r(&self.steps),
+            frames_stepped: r(&self.frames_stepped),
+            multi_stream_steps: r(&self.multi_stream_steps),
+            max_batch: r(&self.max_batch),
+            late_ticks: r(&self.late_ticks),
+            dropped_frames: r(&self.dropped_frames),
+            lost_outputs: r(&self.lost_outputs),
+            faults: r(&self.faults),
+        }
+    }
+}
+
+/// What the engine shares with the I/O cores and the control API.
+pub struct EngineShared {
+    /// Slot table (locked once per session start and end).
+    pub admission: Mutex<AdmissionTable>,
+    /// Step-time model.
+    pub step_times: StepTimes,
+    /// Budget of one group's step, in milliseconds.
+    pub budget_ms: f64,
+    /// Phase groups.
+    pub phase_groups: usize,
+    /// Slots.
+    pub max_slots: usize,
+    /// Set once warm-up is done.
+    pub ready: AtomicBool,
+    /// Asks the engine thread to finish.
+    pub stop: AtomicBool,
+    /// Counters.
+    pub stats: EngineStats,
+    /// Slots the engine currently has open (its own view; leak checks).
+    pub open_slots: AtomicU64,
+}
+
+impl EngineShared {
+    /// Shared state for a model of `max_slots` over `phase_groups` groups.
+    pub fn new(max_slots: usize, phase_groups: usize, budget_margin_ms: f64) -> Self {
+        EngineShared {
+            admission: Mutex::new(AdmissionTable::new(max_slots, phase_groups)),
+            step_times: StepTimes::new(max_slots),
+            budget_ms: crate::FRAME_MS / phase_groups as f64 - budget_margin_ms,
+            phase_groups,
+            max_slots,
+            ready: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            stats: EngineStats::default(),
+            open_slots: AtomicU64::new(0),
+        }
+    }
+
+    /// The admission table (a poisoned lock is recovered: the table's
+    /// invariants hold between calls, none of which can panic midway).
+    pub fn admission(&self) -> std::sync::MutexGuard<'_, AdmissionTable> {
+        self.admission.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The capacity snapshot.
+    pub fn capacity(&self) -> admission::Capacity {
+        self.admission().capacity(&self.step_times, self.budget_ms)
+    }
+}
+
+/// The engine's end of one I/O core's lanes.
+pub struct CoreLink {
+    /// Records from the core.
+    pub from_core: LaneReceiver<ToEngine>,
+    /// Records to the core.
+    pub to_core: LaneSender<FromEngine>,
+    /// Wakes the core's output task.
+    pub doorbell: Arc<Doorbell>,
+}
+
+/// An I/O core's end of its lanes.
+pub struct CorePort {
+    /// Records to the engine.
+    pub to_engine: LaneSender<ToEngine>,
+    /// Records from the engine.
+    pub from_engine: LaneReceiver<FromEngine>,
+    /// Rung by the engine when `from_engine` has records.
+    pub doorbell: Arc<Doorbell>,
+}
+
+/// Lanes for `io_cores` cores, each direction holding `capacity_frames` records.
+pub fn core_links(io_cores: usize, capacity_frames: usize) -> (Vec<CoreLink>, Vec<CorePort>) {
+    let mut links = Vec::with_capacity(io_cores);
+    let mut ports = Vec::with_capacity(io_cores);
+    for _ in 0..io_cores {
+        let (to_engine, from_core) = lane::<ToEngine>(capacity_frames).expect("capacity validated positive");
+        let (to_core, from_engine) = lane::<FromEngine>(capacity_frames).expect("capacity validated positive");
+        let doorbell = Arc::new(Doorbell::new());
+        links.push(CoreLink {
+            from_core,
+            to_core,
+            doorbell: doorbell.clone(),
+        });
+        ports.push(CorePort {
+            to_engine,
+            from_engine,
+            doorbell,
+        });
+    }
+    (links, ports)
+}

@@ -1,0 +1,308 @@
+//! The engine's tick loop: drain every lane, step phase group `g` as one
+//! batch, push each stream's output back to its core and ring the doorbells.
+//!
+//! Invariants:
+//! * Ticks come from absolute deadlines (`start + n · period`), never from
+//!   the end of the previous step, so they do not drift. A tick that starts
+//!   more than one period late is counted and the schedule skips ahead rather
+//!   than bursting to catch up.
+//! * A slot steps at most once per tick of its group, only with a frame
+//!   queued; a slot without one is masked out and does not advance.
+//! * Each frame taken from a session produces exactly one record back
+//!   (`Output`, `NoOutputYet`, `Dropped` or `Fault`), so sessions can count
+//!   their frames in flight.
+//! * Nothing here allocates after [`Engine::new`].
+
+use super::records::{FromEngine, FromEngineKind, ToEngine, ToEngineKind};
+use super::{CoreLink, EngineShared};
+use crate::FRAME_SAMPLES;
+use moshid_model::streaming::{Batch, SessionParams, StreamingModel};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The engine's view of one slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct EngineSlot {
+    open: bool,
+    generation: u32,
+    core: usize,
+    group: u8,
+    /// Index of the oldest queued frame in this slot's part of `queue`.
+    queue_head: usize,
+    /// Frames queued.
+    queue_len: usize,
+}
+
+/// Called once per tick with the tick's start (the systemd watchdog hangs here).
+pub type TickHook = Box<dyn FnMut(Instant) + Send>;
+
+/// The engine thread's state.
+pub struct Engine {
+    model: Box<dyn StreamingModel>,
+    batch: Batch,
+    links: Vec<CoreLink>,
+    shared: Arc<EngineShared>,
+    slots: Vec<EngineSlot>,
+    /// Queued input frames: `max_slots × queue_depth × FRAME_SAMPLES`.
+    queue: Vec<f32>,
+    queue_depth: usize,
+    /// Scratch record for outputs.
+    out: FromEngine,
+    /// Which cores got records this tick.
+    touched: Vec<bool>,
+    warmup_steps: usize,
+    on_tick: Option<TickHook>,
+}
+
+impl Engine {
+    /// An engine over `model`, fed by `links`, publishing through `shared`.
+    pub fn new(
+        model: Box<dyn StreamingModel>,
+        links: Vec<CoreLink>,
+        shared: Arc<EngineShared>,
+        queue_depth: usize,
+        warmup_steps: usize,
+    ) -> Self {
+        let max_slots = model.max_slots();
+        let batch = model.new_batch();
+        let cores = links.len();
+        Engine {
+            model,
+            batch,
+            links,
+            shared,
+            slots: vec![EngineSlot::default(); max_slots],
+            queue: vec![0.0; max_slots * queue_depth * FRAME_SAMPLES],
+            queue_depth,
+            out: FromEngine::default(),
+            touched: vec![false; cores],
+            warmup_steps,
+            on_tick: None,
+        }
+    }
+
+    /// Installs a hook called at every tick.
+    pub fn set_tick_hook(&mut self, hook: TickHook) {
+        self.on_tick = Some(hook);
+    }
+
+    /// Measures step time per batch size, then opens admission.
+    pub fn warm_up(&mut self) {
+        let sizes = self.shared.step_times.warmup_sizes();
+        let params = SessionParams::default();
+        for &size in &sizes {
+            for s in 0..self.batch.max_slots() {
+                self.batch.exec[s] = s < size;
+                if s < size {
+                    // Warm-up slots are reset again when a session opens them.
+                    let _ = self.model.reset_slot(s, &params);
+                }
+            }
+            for (i, x) in self.batch.input_pcm.iter_mut().enumerate() {
+                *x = 0.1 * ((i % 97) as f32 / 97.0 - 0.5);
+            }
+            let mut best = u32::MAX;
+            for _ in 0..self.warmup_steps {
+                let t = Instant::now();
+                let _ = self.model.step(&mut self.batch);
+                best = best.min(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+            self.shared.step_times.set(size, best);
+        }
+        self.batch.exec.iter_mut().for_each(|e| *e = false);
+        self.shared.ready.store(true, Ordering::Release);
+        self.shared.admission().set_accepting(true);
+    }
+
+    /// Runs ticks until `shared.stop` is set. Closes the doorbells on return.
+    pub fn run(mut self) {
+        let groups = self.shared.phase_groups as u64;
+        let period = Duration::from_secs_f64(crate::FRAME_MS / 1000.0 / groups as f64);
+        let start = Instant::now();
+        let mut tick: u64 = 0;
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let deadline = start + period.mul_f64(tick as f64);
+            let now = Instant::now();
+            if now < deadline {
+                std::thread::sleep(deadline - now);
+            } else if now - deadline > period {
+                self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
+                let behind = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
+                // Keep the group rotation: jump to the next tick of the same phase.
+                tick += (behind - tick) / groups * groups;
+            }
+            if let Some(hook) = self.on_tick.as_mut() {
+                hook(Instant::now());
+            }
+            self.drain_lanes();
+            self.step_group((tick % groups) as u8);
+            tick += 1;
+        }
+        self.drain_lanes();
+        for link in &self.links {
+            link.doorbell.close();
+        }
+    }
+
+    /// Moves every record out of the lanes: opens, frames into slot queues, closes.
+    fn drain_lanes(&mut self) {
+        for core in 0..self.links.len() {
+            loop {
+                // One record at a time: the handlers below need `&mut self`.
+                let mut rec_kind = None;
+                let queue_depth = self.queue_depth;
+                let Engine {
+                    links, slots, queue, ..
+                } = self;
+                let popped = links[core].from_core.pop_with(|rec: &ToEngine| {
+                    rec_kind = Some((rec.kind, rec.slot, rec.generation));
+                    if rec.kind == ToEngineKind::Frame {
+                        let s = rec.slot as usize;
+                        if let Some(slot) = slots.get_mut(s) {
+                            if slot.open && slot.generation == rec.generation && slot.queue_len < queue_depth {
+                                let idx = (slot.queue_head + slot.queue_len) % queue_depth;
+                                let at = (s * queue_depth + idx) * FRAME_SAMPLES;
+                                queue[at..at + FRAME_SAMPLES].copy_from_slice(&rec.pcm);
+                                slot.queue_len += 1;
+                                return true;
+                            }
+                        }
+                    }
+                    false
+                });
+                let Some(queued) = popped else { break };
+                let Some((kind, slot, generation)) = rec_kind else { break };
+                match kind {
+                    ToEngineKind::Open => self.open_slot(core, slot, generation),
+                    ToEngineKind::Close => self.close_slot(slot, generation),
+                    ToEngineKind::Frame if !queued => self.reject_frame(core, slot, generation),
+                    ToEngineKind::Frame => {}
+                }
+            }
+        }
+        self.ring_touched();
+    }
+
+    fn open_slot(&mut self, core: usize, slot: u32, generation: u32) {
+        let s = slot as usize;
+        if s >= self.slots.len() {
+            return;
+        }
+        let (params, group) = {
+            let mut a = self.shared.admission();
+            (a.take_params(slot), a.group_of(slot))
+        };
+        let params = params.unwrap_or_default();
+        let was_open = self.slots[s].open;
+        self.slots[s] = EngineSlot {
+            open: true,
+            generation,
+            core,
+            group,
+            queue_head: 0,
+            queue_len: 0,
+        };
+        if !was_open {
+            self.shared.open_slots.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.model.reset_slot(s, &params).is_err() {
+            self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+            self.send(core, FromEngineKind::Fault, slot, generation, 0, None);
+        }
+    }
+
+    fn close_slot(&mut self, slot: u32, generation: u32) {
+        let s = slot as usize;
+        let Some(st) = self.slots.get_mut(s) else { return };
+        if !st.open || st.generation != generation {
+            return;
+        }
+        st.open = false;
+        st.queue_len = 0;
+        self.shared.open_slots.fetch_sub(1, Ordering::Relaxed);
+        self.shared.admission().release(slot, generation);
+    }
+
+    /// A frame for a slot that is full (or stale): tell the session it was dropped.
+    fn reject_frame(&mut self, core: usize, slot: u32, generation: u32) {
+        let s = slot as usize;
+        if self.slots.get(s).is_some_and(|st| st.open && st.generation == generation) {
+            self.shared.stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
+            self.send(core, FromEngineKind::Dropped, slot, generation, 0, None);
+        }
+    }
+
+    /// Steps every open slot of `group` that has a frame queued.
+    fn step_group(&mut self, group: u8) {
+        let mut count = 0u64;
+        for (s, st) in self.slots.iter_mut().enumerate() {
+            let run = st.open && st.group == group && st.queue_len > 0;
+            self.batch.exec[s] = run;
+            if run {
+                let at = (s * self.queue_depth + st.queue_head) * FRAME_SAMPLES;
+                self.batch.input_pcm[s * FRAME_SAMPLES..(s + 1) * FRAME_SAMPLES]
+                    .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
+                st.queue_head = (st.queue_head + 1) % self.queue_depth;
+                st.queue_len -= 1;
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        let t = Instant::now();
+        let whole_batch_failed = self.model.step(&mut self.batch).is_err();
+        let micros = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        self.shared.step_times.observe(count as usize, micros);
+        let stats = &self.shared.stats;
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.frames_stepped.fetch_add(count, Ordering::Relaxed);
+        stats.max_batch.fetch_max(count, Ordering::Relaxed);
+        if count > 1 {
+            stats.multi_stream_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        for s in 0..self.slots.len() {
+            if !self.batch.exec[s] {
+                continue;
+            }
+            let st = self.slots[s];
+            let fault = whole_batch_failed || self.batch.fault[s].is_some();
+            let kind = if fault {
+                self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+                FromEngineKind::Fault
+            } else if self.batch.has_output[s] {
+                FromEngineKind::Output
+            } else {
+                FromEngineKind::NoOutputYet
+            };
+            let token = self.batch.text_token[s];
+            self.send(st.core, kind, s as u32, st.generation, token, Some(s));
+        }
+        self.ring_touched();
+    }
+
+    /// Pushes one record to a core; the PCM comes from the batch output of `pcm_slot`.
+    fn send(&mut self, core: usize, kind: FromEngineKind, slot: u32, generation: u32, token: u32, pcm_slot: Option<usize>) {
+        self.out.kind = kind;
+        self.out.slot = slot;
+        self.out.generation = generation;
+        self.out.text_token = token;
+        if let (Some(s), FromEngineKind::Output) = (pcm_slot, kind) {
+            self.out.pcm.copy_from_slice(self.batch.output(s));
+        }
+        if self.links[core].to_core.try_push(&self.out).is_err() {
+            self.shared.stats.lost_outputs.fetch_add(1, Ordering::Relaxed);
+        }
+        self.touched[core] = true;
+    }
+
+    fn ring_touched(&mut self) {
+        for (core, t) in self.touched.iter_mut().enumerate() {
+            if *t {
+                self.links[core].doorbell.ring();
+                *t = false;
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! What every session on an I/O core can reach: the core's context, the
+//! configuration, the text pieces and the model's description.
+//!
+//! Invariants: one `CoreApp` per executor, made once at start; everything in
+//! it is read-only after start except the core context's own cells.
+
+use super::core::CoreContext;
+use crate::config::Config;
+use crate::session::params::ModelInfo;
+use moshid_model::spm::PieceTable;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Daemon-wide values every core shares (thread-safe).
+pub struct Shared {
+    /// The validated configuration.
+    pub config: Config,
+    /// Token id → text.
+    pub pieces: PieceTable,
+    /// Conditioning the model accepts.
+    pub model_info: ModelInfo,
+    /// Session ids.
+    next_session_id: AtomicU64,
+}
+
+impl Shared {
+    /// Daemon-wide values.
+    pub fn new(config: Config, pieces: PieceTable, model_info: ModelInfo) -> Self {
+        Shared {
+            config,
+            pieces,
+            model_info,
+            next_session_id: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh session id.
+    pub fn session_id(&self) -> u64 {
+        self.next_session_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// One core's view.
+#[derive(Clone)]
+pub struct CoreApp {
+    /// The core context.
+    pub ctx: Rc<CoreContext>,
+    /// Daemon-wide values.
+    pub shared: Arc<Shared>,
+}

@@ -1,0 +1,342 @@
+//! Start-up and shutdown: load the model, place the engine thread and the
+//! I/O executors on their CPUs, bind the listeners, serve until SIGTERM or
+//! SIGINT, then drain.
+//!
+//! Invariants: the engine thread is pinned with core_affinity and the I/O
+//! cores are glommio executors with `Placement::Fixed`, on CPUs validated
+//! against the process's allowed set. The daemon reports ready only after the
+//! engine has measured its step times and every core has bound its listener
+//! and warmed its timers. Shutdown stops admission first, lets sessions end
+//! up to the grace period, then closes the rest with a reason, and joins
+//! every thread before returning.
+
+use crate::config::{Backend, Config};
+use crate::engine::thread::Engine;
+use crate::engine::{core_links, CorePort, EngineShared};
+use crate::io::app::{CoreApp, Shared};
+use crate::io::core::{dispatch_loop, CoreContext};
+use crate::io::listener::accept_loop;
+use crate::session::params::ModelInfo;
+use anyhow::{anyhow, bail, Context, Result};
+use glommio::{LocalExecutorBuilder, Placement};
+use moshid_model::checkpoint::CheckpointDir;
+use moshid_model::cpu::CpuModel;
+use moshid_model::spm::PieceTable;
+use moshid_model::streaming::StreamingModel;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Lifecycle of the whole daemon, read by every core's housekeeping task.
+const RUNNING: u8 = 0;
+const DRAINING: u8 = 1;
+const CLOSING: u8 = 2;
+
+/// How often each core looks at the lifecycle and retries pending closes.
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_millis(50);
+
+/// Where the CPUs go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuPlan {
+    /// CPU of each I/O core.
+    pub io_cpus: Vec<usize>,
+    /// CPU of the engine thread.
+    pub engine_cpu: usize,
+}
+
+/// Chooses CPUs from the allowed set (or checks the configured ones).
+pub fn place(config: &Config, allowed: &[usize]) -> Result<CpuPlan> {
+    if allowed.is_empty() {
+        bail!("no CPU is available to this process");
+    }
+    let r = &config.runtime;
+    let io_cpus = match &r.io_cpus {
+        Some(cpus) => {
+            for c in cpus {
+                if !allowed.contains(c) {
+                    bail!("config key `runtime.io_cpus`: CPU {c} is not available to this process (allowed: {allowed:?})");
+                }
+            }
+            cpus.clone()
+        }
+        None => {
+            if r.io_cores > allowed.len() {
+                bail!(
+                    "config key `runtime.io_cores`: {} I/O cores but only {} CPUs are available ({allowed:?})",
+                    r.io_cores,
+                    allowed.len()
+                );
+            }
+            allowed[..r.io_cores].to_vec()
+        }
+    };
+    let engine_cpu = match r.engine_cpu {
+        Some(c) if !allowed.contains(&c) => {
+            bail!("config key `runtime.engine_cpu`: CPU {c} is not available to this process (allowed: {allowed:?})")
+        }
+        Some(c) => c,
+        // The first allowed CPU no I/O core uses; on a machine with fewer
+        // CPUs than threads, the last one (shared).
+        None => allowed
+            .iter()
+            .copied()
+            .find(|c| !io_cpus.contains(c))
+            .unwrap_or(*allowed.last().expect("checked non-empty")),
+    };
+    Ok(CpuPlan { io_cpus, engine_cpu })
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    core_affinity::get_core_ids()
+        .map(|ids| ids.into_iter().map(|c| c.id).collect())
+        .unwrap_or_else(|| (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect())
+}
+
+/// The loaded model and what the sessions need to know of it.
+pub struct LoadedModel {
+    /// The backend.
+    pub model: Box<dyn StreamingModel>,
+    /// Token text.
+    pub pieces: PieceTable,
+    /// Conditioning.
+    pub info: ModelInfo,
+    /// Where it came from (for the log).
+    pub description: String,
+}
+
+/// The default cache folder for the demo checkpoint.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("moshid");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("moshid");
+    }
+    std::env::temp_dir().join("moshid-cache")
+}
+
+/// Loads the configured checkpoint (or the demo) on the configured backend.
+pub fn load_model(config: &Config) -> Result<LoadedModel> {
+    let (dir, demo) = match &config.model.dir {
+        Some(d) => (CheckpointDir::open(d).with_context(|| format!("loading the checkpoint in {}", d.display()))?, false),
+        None => {
+            let cache = config.model.cache_dir.clone().unwrap_or_else(default_cache_dir);
+            let d = moshid_model::demo::ensure_demo(&cache)
+                .with_context(|| format!("writing the demo checkpoint under {}", cache.display()))?;
+            (d, true)
+        }
+    };
+    dir.check().with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
+    match config.model.backend {
+        Backend::Cuda => bail!(
+            "config key `model.backend`: cuda was asked for, but {}",
+            moshid_kernels::UNAVAILABLE_REASON
+        ),
+        Backend::Auto => eprintln!("<6>backend: cpu (auto: {})", moshid_kernels::UNAVAILABLE_REASON),
+        Backend::Cpu => eprintln!("<6>backend: cpu (configured)"),
+    }
+    let model = CpuModel::load(&dir, config.model.max_slots)
+        .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
+    let pieces = match &dir.tokenizer {
+        Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
+        None => PieceTable::from_pieces(Vec::<(String, f32, moshid_model::spm::PieceKind)>::new())
+            .map_err(|e| anyhow!("empty piece table: {e}"))?,
+    };
+    let info = ModelInfo {
+        conditioners: dir
+            .lm
+            .conditioners
+            .iter()
+            .map(|c| (c.name.clone(), c.possible_values.clone()))
+            .collect(),
+        is_hibiki: dir.lm.model_type == moshid_model::config::ModelType::Hibiki,
+    };
+    let description = if demo {
+        format!("the embedded demo checkpoint ({}; random weights, no speech)", dir.dir.display())
+    } else {
+        format!("{} ({:?})", dir.dir.display(), dir.lm.model_type)
+    };
+    Ok(LoadedModel {
+        model: Box::new(model),
+        pieces,
+        info,
+        description,
+    })
+}
+
+/// Hooks into the daemon's life (systemd notification, tests).
+#[derive(Default)]
+pub struct Hooks {
+    /// Called once when the daemon is ready, with the listening address.
+    pub on_ready: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
+    /// Called at every engine tick.
+    pub on_tick: Option<crate::engine::thread::TickHook>,
+    /// Called when a drain starts.
+    pub on_stopping: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Serves until `stop` reports a signal, then drains and returns.
+pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Receiver<()>) -> Result<()> {
+    let allowed = allowed_cpus();
+    let placement = place(&config, &allowed)?;
+    let max_slots = loaded.model.max_slots();
+    let engine_shared = Arc::new(EngineShared::new(
+        max_slots,
+        config.engine.phase_groups,
+        config.engine.budget_margin_ms,
+    ));
+    let (links, ports) = core_links(config.runtime.io_cores, config.lane_capacity_frames());
+    eprintln!("<6>model: {}", loaded.description);
+    eprintln!(
+        "<6>cpus: io cores on {:?}, engine on {} (allowed {:?})",
+        placement.io_cpus, placement.engine_cpu, allowed
+    );
+
+    // Engine thread: pinned, warms up, then ticks.
+    let mut engine = Engine::new(
+        loaded.model,
+        links,
+        engine_shared.clone(),
+        config.engine.queued_frames_per_slot,
+        config.engine.warmup_steps,
+    );
+    if let Some(hook) = hooks.on_tick.take() {
+        engine.set_tick_hook(hook);
+    }
+    let engine_cpu = placement.engine_cpu;
+    let engine_thread = std::thread::Builder::new()
+        .name("moshid-engine".into())
+        .spawn(move || {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: engine_cpu }) {
+                eprintln!("<4>engine: could not pin to CPU {engine_cpu}");
+            }
+            engine.warm_up();
+            engine.run();
+        })
+        .context("starting the engine thread")?;
+
+    let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
+    let lifecycle = Arc::new(AtomicU8::new(RUNNING));
+    let (bound_tx, bound_rx) = mpsc::channel::<Result<SocketAddr, String>>();
+    let mut executors = Vec::new();
+    let mut addr = config.listen.address;
+    for (core, port) in ports.into_iter().enumerate() {
+        let cpu = placement.io_cpus[core];
+        let ex = spawn_core(core, cpu, addr, port, engine_shared.clone(), shared.clone(), lifecycle.clone(), bound_tx.clone())?;
+        executors.push(ex);
+        // Core 0 binds first so that port 0 resolves once for every core.
+        match bound_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(a)) => addr = a,
+            Ok(Err(e)) => bail!("{e}"),
+            Err(_) => bail!("I/O core {core} did not start"),
+        }
+    }
+
+    // Ready once the engine has measured its step times.
+    let warm_deadline = Instant::now() + Duration::from_secs(600);
+    while !engine_shared.ready.load(Ordering::Acquire) {
+        if engine_thread.is_finished() {
+            bail!("the engine thread stopped during warm-up");
+        }
+        if Instant::now() > warm_deadline {
+            bail!("engine warm-up took over 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cap = engine_shared.capacity();
+    eprintln!(
+        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}",
+        max_slots,
+        config.engine.phase_groups,
+        engine_shared.budget_ms,
+        engine_shared.step_times.predict_ms(1),
+        engine_shared.step_times.predict_ms(max_slots),
+        max_slots
+    );
+    eprintln!("<6>capacity: {} sessions admissible now", cap.admissible_sessions);
+    if let Some(f) = hooks.on_ready.take() {
+        f(addr);
+    }
+
+    // Serve until asked to stop.
+    let _ = stop.recv();
+    if let Some(f) = hooks.on_stopping.take() {
+        f();
+    }
+    eprintln!("<6>stopping: no new sessions; draining {} active", engine_shared.admission().active());
+    engine_shared.admission().set_accepting(false);
+    lifecycle.store(DRAINING, Ordering::Release);
+    let grace = Duration::from_millis(config.session.drain_grace_ms);
+    let drain_deadline = Instant::now() + grace;
+    while engine_shared.admission().active() > 0 && Instant::now() < drain_deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = engine_shared.admission().active();
+    if left > 0 {
+        eprintln!("<6>stopping: grace period over, closing {left} session(s)");
+    }
+    lifecycle.store(CLOSING, Ordering::Release);
+    for ex in executors {
+        let _ = ex.join();
+    }
+    engine_shared.stop.store(true, Ordering::Release);
+    let _ = engine_thread.join();
+    eprintln!("<6>stopped");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_core(
+    core: usize,
+    cpu: usize,
+    addr: SocketAddr,
+    port: CorePort,
+    engine: Arc<EngineShared>,
+    shared: Arc<Shared>,
+    lifecycle: Arc<AtomicU8>,
+    bound: mpsc::Sender<Result<SocketAddr, String>>,
+) -> Result<glommio::ExecutorJoinHandle<()>> {
+    LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        .name(&format!("moshid-io-{core}"))
+        .spawn(move || async move {
+            // The first timer of an executor is slow (membarrier registration):
+            // take that cost now, not in a session.
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+            let listener = match glommio::net::TcpListener::bind(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = bound.send(Err(format!("I/O core {core}: cannot listen on {addr}: {e}")));
+                    return;
+                }
+            };
+            let local = listener.local_addr().unwrap_or(addr);
+            let ctx = CoreContext::new(core, port, engine);
+            let app = CoreApp { ctx: ctx.clone(), shared };
+            let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
+            let acceptor = glommio::spawn_local(accept_loop(listener, app));
+            let _ = bound.send(Ok(local));
+            let mut acceptor = Some(acceptor);
+            loop {
+                glommio::timer::sleep(HOUSEKEEPING_PERIOD).await;
+                ctx.flush_pending_closes();
+                let state = lifecycle.load(Ordering::Acquire);
+                if state >= DRAINING {
+                    if let Some(a) = acceptor.take() {
+                        a.cancel().await;
+                    }
+                }
+                if state >= CLOSING {
+                    ctx.notify_shutdown_all();
+                }
+                if state >= DRAINING && ctx.live_sessions.get() == 0 && ctx.pending_closes() == 0 {
+                    break;
+                }
+            }
+            // Closes are in the lane; the engine stops after every core is done.
+            drop(dispatcher);
+        })
+        .map_err(|e| anyhow!("starting I/O core {core} on CPU {cpu}: {e}"))
+}

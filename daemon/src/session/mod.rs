@@ -1,0 +1,5 @@
+//! What a session is, whatever its transport: its parameters and its own
+//! accounting.
+
+pub mod params;
+pub mod record;

@@ -1,0 +1,188 @@
+//! Session parameters from a query string or a JSON body: temperatures,
+//! top-k, seed, guidance and conditions, validated against the model before
+//! a slot is taken.
+//!
+//! Unknown query keys are ignored (Kyutai's clients send keys of their own,
+//! such as `worker_auth_id` or `pad_mult`), but a known key with a bad value
+//! is refused with a message naming it.
+
+use crate::config::GenDefaults;
+use moshid_model::lm::GenParams;
+use moshid_model::streaming::SessionParams;
+
+/// What the daemon knows of the model's conditioning.
+#[derive(Debug, Clone, Default)]
+pub struct ModelInfo {
+    /// `(conditioner, possible values)`.
+    pub conditioners: Vec<(String, Vec<String>)>,
+    /// Whether the model is Hibiki-shaped (translation).
+    pub is_hibiki: bool,
+}
+
+/// A parameter the session cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("parameter `{key}`: {why}")]
+pub struct ParamError {
+    /// The key.
+    pub key: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+fn err(key: &str, why: impl Into<String>) -> ParamError {
+    ParamError {
+        key: key.to_string(),
+        why: why.into(),
+    }
+}
+
+fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ParamError> {
+    v.trim().parse().map_err(|_| err(key, format!("`{v}` is not a valid number")))
+}
+
+fn temperature(key: &str, v: &str) -> Result<f32, ParamError> {
+    let t: f32 = num(key, v)?;
+    if !(0.0..=10.0).contains(&t) {
+        return Err(err(key, "must be between 0 and 10"));
+    }
+    Ok(t)
+}
+
+fn topk(key: &str, v: &str) -> Result<usize, ParamError> {
+    let k: usize = num(key, v)?;
+    if k == 0 || k > 1_000_000 {
+        return Err(err(key, "must be between 1 and 1000000"));
+    }
+    Ok(k)
+}
+
+/// Builds session parameters from `(key, value)` pairs over the defaults.
+///
+/// Keys: `text_temperature`, `text_topk`, `audio_temperature`, `audio_topk`,
+/// `seed` (aliases `text_seed`, `audio_seed`), `greedy` (`true`/`false`),
+/// `cfg_coef`, `condition.NAME=VALUE` and `null_condition.NAME=VALUE`.
+pub fn session_params(pairs: &[(String, String)], defaults: &GenDefaults, model: &ModelInfo) -> Result<SessionParams, ParamError> {
+    let mut g = GenParams {
+        use_sampling: true,
+        temp: defaults.audio_temperature,
+        temp_text: defaults.text_temperature,
+        top_k: defaults.audio_topk,
+        top_k_text: defaults.text_topk,
+        seed: 0,
+        cfg_coef: defaults.cfg_coef,
+        conditions: Vec::new(),
+        null_conditions: Vec::new(),
+    };
+    let mut seeded = false;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "text_temperature" => g.temp_text = temperature(k, v)?,
+            "audio_temperature" => g.temp = temperature(k, v)?,
+            "text_topk" => g.top_k_text = topk(k, v)?,
+            "audio_topk" => g.top_k = topk(k, v)?,
+            "seed" | "text_seed" | "audio_seed" => {
+                // Kyutai's web client sends seeds as (possibly negative) integers.
+                let s: i64 = num(k, v)?;
+                g.seed = s as u64;
+                seeded = true;
+            }
+            "greedy" => {
+                g.use_sampling = match v.as_str() {
+                    "true" | "1" => false,
+                    "false" | "0" => true,
+                    _ => return Err(err(k, "must be true or false")),
+                }
+            }
+            "cfg_coef" => {
+                let c: f32 = num(k, v)?;
+                if !(0.0..=100.0).contains(&c) {
+                    return Err(err(k, "must be between 0 and 100"));
+                }
+                g.cfg_coef = c;
+            }
+            _ => {
+                if let Some(name) = k.strip_prefix("condition.") {
+                    check_condition(k, name, v, model)?;
+                    g.conditions.push((name.to_string(), v.clone()));
+                } else if let Some(name) = k.strip_prefix("null_condition.") {
+                    check_condition(k, name, v, model)?;
+                    g.null_conditions.push((name.to_string(), v.clone()));
+                }
+                // Anything else belongs to some client's own protocol: ignored.
+            }
+        }
+    }
+    if g.cfg_coef != 1.0 && model.conditioners.is_empty() {
+        return Err(err("cfg_coef", "this model has no conditioners to guide with"));
+    }
+    if !seeded {
+        // An unseeded session still gets its own stream of random numbers.
+        g.seed = fresh_seed();
+    }
+    Ok(SessionParams { gen: g })
+}
+
+fn check_condition(key: &str, name: &str, value: &str, model: &ModelInfo) -> Result<(), ParamError> {
+    let Some((_, values)) = model.conditioners.iter().find(|(n, _)| n == name) else {
+        return Err(err(key, format!("the model has no conditioner `{name}`")));
+    };
+    if !values.iter().any(|v| v == value) {
+        return Err(err(key, format!("`{value}` is not one of {values:?}")));
+    }
+    Ok(())
+}
+
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn hibiki() -> ModelInfo {
+        ModelInfo {
+            conditioners: vec![("description".into(), vec!["very_good".into(), "very_bad".into()])],
+            is_hibiki: true,
+        }
+    }
+
+    #[test]
+    fn defaults_then_overrides() {
+        let d = GenDefaults::default();
+        let p = session_params(&pairs(&[("text_temperature", "0.5"), ("audio_topk", "100"), ("seed", "-3"), ("pad_mult", "1")]), &d, &ModelInfo::default()).unwrap();
+        assert_eq!(p.gen.temp_text, 0.5);
+        assert_eq!(p.gen.top_k, 100);
+        assert_eq!(p.gen.top_k_text, 25);
+        assert_eq!(p.gen.seed, (-3i64) as u64);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let d = GenDefaults::default();
+        let e = session_params(&pairs(&[("text_topk", "many")]), &d, &ModelInfo::default()).unwrap_err();
+        assert_eq!(e.key, "text_topk");
+        let e = session_params(&pairs(&[("audio_temperature", "-1")]), &d, &ModelInfo::default()).unwrap_err();
+        assert_eq!(e.key, "audio_temperature");
+        let e = session_params(&pairs(&[("cfg_coef", "3")]), &d, &ModelInfo::default()).unwrap_err();
+        assert_eq!(e.key, "cfg_coef");
+    }
+
+    #[test]
+    fn conditions_are_checked_against_the_model() {
+        let d = GenDefaults::default();
+        let p = session_params(&pairs(&[("condition.description", "very_good"), ("null_condition.description", "very_bad"), ("cfg_coef", "3")]), &d, &hibiki()).unwrap();
+        assert_eq!(p.gen.conditions, vec![("description".to_string(), "very_good".to_string())]);
+        let e = session_params(&pairs(&[("condition.description", "meh")]), &d, &hibiki()).unwrap_err();
+        assert!(e.to_string().contains("meh"));
+        let e = session_params(&pairs(&[("condition.mood", "x")]), &d, &hibiki()).unwrap_err();
+        assert!(e.to_string().contains("mood"));
+    }
+}

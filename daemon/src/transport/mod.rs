@@ -1,0 +1,3 @@
+//! Transports: how clients reach a session.
+
+pub mod ws_chat;

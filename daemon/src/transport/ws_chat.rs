@@ -1,0 +1,381 @@
+//! The `/api/chat` WebSocket session, Kyutai's protocol: binary messages whose
+//! first byte is the kind (0x00 handshake, 0x01 Ogg Opus audio, 0x02 text,
+//! 0x03 control, 0x04 metadata JSON, 0x05 error, 0x06 ping; unknown kinds are
+//! ignored).
+//!
+//! One task per session on the core that accepted it. The loop waits on
+//! whichever comes first, a client message or a record from the engine, so
+//! audio flows both ways at once without a second task.
+//!
+//! Invariants:
+//! * The handshake is the first message, sent only once a slot is held.
+//! * Frames in flight (sent to the engine, not yet answered) never exceed
+//!   `session.max_frames_in_flight`: at the bound the session stops reading
+//!   its socket, so a client that sends faster than real time is slowed by
+//!   TCP, not buffered without bound.
+//! * Every buffer (decoder, cutter, encoder, frame) is made once at start.
+//! * Whatever ends the session, its slot is released and its record logged;
+//!   a protocol error gets a 0x05 message and a close, and concerns only
+//!   this session.
+
+use crate::codec::{DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder};
+use crate::engine::admission::Ticket;
+use crate::engine::records::{FromEngine, FromEngineKind};
+use crate::io::app::CoreApp;
+use crate::io::mailbox::Mailbox;
+use crate::session::params::session_params;
+use crate::session::record::{EndReason, SessionRecord};
+use crate::FRAME_SAMPLES;
+use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use async_tungstenite::tungstenite::protocol::CloseFrame;
+use async_tungstenite::tungstenite::{Bytes, Message};
+use async_tungstenite::WebSocketStream;
+use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
+use futures_util::SinkExt;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Message kinds of the protocol.
+pub mod kind {
+    /// Sent by the server when the session is ready.
+    pub const HANDSHAKE: u8 = 0x00;
+    /// Ogg Opus bytes.
+    pub const AUDIO: u8 = 0x01;
+    /// A UTF-8 text piece.
+    pub const TEXT: u8 = 0x02;
+    /// Control.
+    pub const CONTROL: u8 = 0x03;
+    /// JSON metadata.
+    pub const METADATA: u8 = 0x04;
+    /// A UTF-8 error message; the server closes after it.
+    pub const ERROR: u8 = 0x05;
+    /// Ping.
+    pub const PING: u8 = 0x06;
+}
+
+/// How long a session waits for the engine to answer a frame before it
+/// gives up on it (the engine ticks every 80 ms; this is many ticks).
+const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum Event {
+    Incoming(Option<Result<Message, async_tungstenite::tungstenite::Error>>),
+    IdleTimeout,
+    Outputs,
+}
+
+/// Per-session buffers, made once.
+struct Buffers {
+    decoder: OggOpusDecoder,
+    cutter: FrameCutter,
+    encoder: OggOpusEncoder,
+    frame: Box<[f32; FRAME_SAMPLES]>,
+    record: Box<FromEngine>,
+    out: Vec<u8>,
+}
+
+struct ChatSession<S> {
+    ws: WebSocketStream<S>,
+    app: CoreApp,
+    ticket: Ticket,
+    mailbox: Rc<Mailbox>,
+    buf: Buffers,
+    rec: SessionRecord,
+    in_flight: usize,
+}
+
+/// Runs one `/api/chat` session to its end and returns its record.
+pub async fn run<S>(mut ws: WebSocketStream<S>, app: CoreApp, query: Vec<(String, String)>) -> SessionRecord
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let shared = app.shared.clone();
+    let cfg = &shared.config;
+    let mut rec = SessionRecord::start(shared.session_id(), "ws");
+    let params = match session_params(&query, &cfg.defaults, &shared.model_info) {
+        Ok(p) => p,
+        Err(e) => {
+            rec.end(EndReason::BadParameters(e.to_string()));
+            refuse(&mut ws, &e.to_string()).await;
+            rec.log();
+            return rec;
+        }
+    };
+    let decoder_cfg = DecoderConfig {
+        max_buffered_bytes: cfg.session.max_message_bytes + DecoderConfig::default().max_page_bytes,
+        ..DecoderConfig::default()
+    };
+    let buffers = match (
+        OggOpusDecoder::new(decoder_cfg),
+        FrameCutter::new(FRAME_SAMPLES + crate::codec::MAX_PACKET_SAMPLES),
+        OggOpusEncoder::new(EncoderConfig::default()),
+    ) {
+        (Ok(decoder), Ok(cutter), Ok(encoder)) => {
+            let out = vec![0u8; 1 + encoder.max_output_bytes_per_frame()];
+            Buffers {
+                decoder,
+                cutter,
+                encoder,
+                frame: Box::new([0.0; FRAME_SAMPLES]),
+                record: Box::default(),
+                out,
+            }
+        }
+        _ => {
+            rec.end(EndReason::SendFailed("codec initialisation failed".into()));
+            refuse(&mut ws, "internal error: codec initialisation failed").await;
+            rec.log();
+            return rec;
+        }
+    };
+    // One mailbox record per frame in flight, plus one for an open fault.
+    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
+        Ok(t) => t,
+        Err(refusal) => {
+            rec.end(EndReason::Refused(refusal.to_string()));
+            refuse(&mut ws, &refusal.to_string()).await;
+            rec.log();
+            return rec;
+        }
+    };
+    rec.slot = Some(ticket.slot);
+    let mut s = ChatSession {
+        ws,
+        app,
+        ticket,
+        mailbox,
+        buf: buffers,
+        rec,
+        in_flight: 0,
+    };
+    let reason = s.serve().await;
+    s.finish(reason).await
+}
+
+/// Sends an error message and closes, for a session that never started.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, why: &str) {
+    let mut msg = Vec::with_capacity(1 + why.len());
+    msg.push(kind::ERROR);
+    msg.extend_from_slice(why.as_bytes());
+    let _ = ws.send(Message::Binary(msg.into())).await;
+    let _ = ws.close(None).await;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
+    async fn serve(&mut self) -> EndReason {
+        if let Err(e) = self.ws.send(Message::Binary(Bytes::from_static(&[kind::HANDSHAKE]))).await {
+            return EndReason::SendFailed(e.to_string());
+        }
+        let cfg = &self.app.shared.config.session;
+        let idle = Duration::from_millis(cfg.idle_timeout_ms);
+        let max_in_flight = cfg.max_frames_in_flight;
+        let max_secs = cfg.max_session_seconds;
+        loop {
+            if let Some(reason) = self.pump_outputs().await {
+                return reason;
+            }
+            if max_secs > 0 && self.rec.elapsed_secs() > max_secs as f64 {
+                return EndReason::MaxDuration;
+            }
+            if self.mailbox.shutdown_requested() {
+                return EndReason::ServerShutdown;
+            }
+            let event = if self.in_flight >= max_in_flight {
+                // Backpressure: wait for the engine before reading more.
+                match glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
+                    self.mailbox.ready().await;
+                    Ok(())
+                })
+                .await
+                {
+                    Ok(()) => Event::Outputs,
+                    Err(_) => return EndReason::EngineStalled,
+                }
+            } else {
+                let mailbox = self.mailbox.clone();
+                let incoming = async {
+                    match glommio::timer::timeout(idle, async { Ok(self.ws.next().await) }).await {
+                        Ok(m) => Event::Incoming(m),
+                        Err(_) => Event::IdleTimeout,
+                    }
+                };
+                let outputs = async {
+                    mailbox.ready().await;
+                    Event::Outputs
+                };
+                futures_lite::future::or(incoming, outputs).await
+            };
+            match event {
+                Event::Outputs => {}
+                Event::IdleTimeout => return EndReason::IdleTimeout,
+                Event::Incoming(None) => return EndReason::ClientClosed,
+                Event::Incoming(Some(Err(e))) => return classify_ws_error(e),
+                Event::Incoming(Some(Ok(msg))) => {
+                    if let Some(reason) = self.on_message(msg).await {
+                        return reason;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one client message; `Some` ends the session.
+    async fn on_message(&mut self, msg: Message) -> Option<EndReason> {
+        let data = match msg {
+            Message::Binary(data) => data,
+            Message::Close(_) => return Some(EndReason::ClientClosed),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return None,
+            Message::Text(_) => {
+                return Some(EndReason::ProtocolError("text messages are not part of the protocol; send binary".into()))
+            }
+        };
+        let Some((&k, payload)) = data.split_first() else {
+            return Some(EndReason::ProtocolError("empty message".into()));
+        };
+        match k {
+            kind::AUDIO => self.on_audio(payload).await,
+            // Accepted and ignored: handshake echoes, text, control, metadata, ping.
+            _ => None,
+        }
+    }
+
+    /// Decodes audio bytes, cuts frames and sends them to the engine.
+    async fn on_audio(&mut self, payload: &[u8]) -> Option<EndReason> {
+        if let Err(e) = self.buf.decoder.push_bytes(payload) {
+            return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}")));
+        }
+        loop {
+            // The cutter holds less than one frame here and has room for a
+            // frame plus the longest packet, so it always takes a whole packet.
+            let whole_packet_taken = match self.buf.decoder.next_pcm() {
+                Ok(Some(pcm)) => self.buf.cutter.push(pcm) == pcm.len(),
+                Ok(None) => return None,
+                Err(e) => return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}"))),
+            };
+            if !whole_packet_taken {
+                return Some(EndReason::ProtocolError("audio packet longer than the frame buffer".into()));
+            }
+            while self.buf.cutter.pop_frame(&mut self.buf.frame) {
+                // Frames beyond the in-flight bound wait here for answers.
+                while self.in_flight >= self.app.shared.config.session.max_frames_in_flight {
+                    if glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
+                        self.mailbox.ready().await;
+                        Ok(())
+                    })
+                    .await
+                    .is_err()
+                    {
+                        return Some(EndReason::EngineStalled);
+                    }
+                    if let Some(reason) = self.pump_outputs().await {
+                        return Some(reason);
+                    }
+                }
+                match self.app.ctx.send_frame(self.ticket, &self.buf.frame) {
+                    Ok(()) => {
+                        self.in_flight += 1;
+                        self.rec.frames_in += 1;
+                    }
+                    Err(_) => self.rec.frames_dropped += 1,
+                }
+            }
+        }
+    }
+
+    /// Sends everything the engine has answered; `Some` ends the session.
+    async fn pump_outputs(&mut self) -> Option<EndReason> {
+        while self.mailbox.take(&mut self.buf.record) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            match self.buf.record.kind {
+                FromEngineKind::NoOutputYet => {}
+                FromEngineKind::Dropped => self.rec.frames_dropped += 1,
+                FromEngineKind::Fault => return Some(EndReason::ModelFault),
+                FromEngineKind::Output => {
+                    self.rec.frames_out += 1;
+                    self.rec.text_tokens += 1;
+                    self.buf.out[0] = kind::AUDIO;
+                    let n = match self.buf.encoder.encode_frame(&self.buf.record.pcm, &mut self.buf.out[1..]) {
+                        Ok(n) => n,
+                        Err(e) => return Some(EndReason::SendFailed(format!("encoding failed: {e}"))),
+                    };
+                    let audio = Bytes::copy_from_slice(&self.buf.out[..1 + n]);
+                    if let Err(e) = self.ws.feed(Message::Binary(audio)).await {
+                        return Some(EndReason::SendFailed(e.to_string()));
+                    }
+                    let token = self.buf.record.text_token;
+                    if let Some(text) = self.app.shared.pieces.text_for_token(token) {
+                        let mut msg = Vec::with_capacity(1 + text.len());
+                        msg.push(kind::TEXT);
+                        msg.extend_from_slice(text.as_bytes());
+                        if let Err(e) = self.ws.feed(Message::Binary(msg.into())).await {
+                            return Some(EndReason::SendFailed(e.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.ws.flush().await {
+            return Some(EndReason::SendFailed(e.to_string()));
+        }
+        None
+    }
+
+    /// Releases the slot, tells the client how the session ended, logs it.
+    async fn finish(mut self, reason: EndReason) -> SessionRecord {
+        self.app.ctx.end_session(self.ticket);
+        self.rec.end(reason);
+        let reason = self.rec.end_reason.clone().expect("set just above");
+        let client_gone = matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_));
+        if !client_gone {
+            let error_text = match &reason {
+                EndReason::ProtocolError(d) => Some(format!("protocol error: {d}")),
+                EndReason::IdleTimeout => Some("idle timeout: no audio received".to_string()),
+                EndReason::ModelFault => Some("the model failed for this stream".to_string()),
+                EndReason::EngineStalled => Some("the engine did not answer in time".to_string()),
+                EndReason::ServerShutdown => Some("server shutting down".to_string()),
+                EndReason::MaxDuration => Some("maximum session length reached".to_string()),
+                _ => None,
+            };
+            let mut meta = vec![kind::METADATA];
+            meta.extend_from_slice(self.rec.to_json().to_string().as_bytes());
+            let _ = self.ws.send(Message::Binary(meta.into())).await;
+            if let Some(text) = error_text {
+                let mut msg = vec![kind::ERROR];
+                msg.extend_from_slice(text.as_bytes());
+                let _ = self.ws.send(Message::Binary(msg.into())).await;
+            }
+            let code = if matches!(reason, EndReason::ProtocolError(_)) {
+                CloseCode::Protocol
+            } else {
+                CloseCode::Normal
+            };
+            let _ = self
+                .ws
+                .close(Some(CloseFrame {
+                    code,
+                    reason: reason.label().into(),
+                }))
+                .await;
+        }
+        self.rec.log();
+        self.rec
+    }
+}
+
+fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
+    use async_tungstenite::tungstenite::Error;
+    match e {
+        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
+        Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof => {
+                EndReason::ClientClosed
+            }
+            _ => EndReason::ProtocolError(format!("connection error: {io}")),
+        },
+        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
+        Error::Protocol(p) => match p {
+            async_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake => EndReason::ClientClosed,
+            other => EndReason::ProtocolError(format!("WebSocket protocol: {other}")),
+        },
+        other => EndReason::ProtocolError(other.to_string()),
+    }
+}

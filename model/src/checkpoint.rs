@@ -1,0 +1,213 @@
+//! A checkpoint folder: which files make a model, and validating them from
+//! their headers alone.
+//!
+//! Two layouts are recognised, in this order:
+//! * the published one: an optional `config.json` (absent: the built-in
+//!   Moshi 7B config, as `kyutai/moshiko-pytorch-bf16` ships none) naming
+//!   the LM weights (`moshi_name`), the Mimi weights (`mimi_name`), the
+//!   tokenizer (`tokenizer_name`) and optionally a Mimi config
+//!   (`mimi_config_name`; absent: the real Mimi);
+//! * the fixture one: `lm_config.json`, `lm.safetensors`, `mimi_config.json`,
+//!   `mimi.safetensors` (and a `tokenizer.model` if present).
+//!
+//! Invariants: [`CheckpointDir::check`] reads headers only (a 15 GB
+//! checkpoint is validated in milliseconds) and fails on the first missing,
+//! extra, wrongly shaped or wrongly typed tensor, naming it.
+
+use crate::config::{ConfigError, LmConfig, MimiConfig, ModelType};
+use crate::lm::Lm;
+use crate::mimi::Mimi;
+use crate::weights::{Checkpoint, CheckpointError};
+use std::path::{Path, PathBuf};
+
+/// Why a checkpoint folder cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// A configuration is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A weights file is invalid.
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// A file could not be written or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file the layout needs is absent.
+    #[error("{0}: not found (needed by the checkpoint folder)")]
+    Missing(PathBuf),
+}
+
+/// The files and configurations of one model.
+#[derive(Debug, Clone)]
+pub struct CheckpointDir {
+    /// The folder.
+    pub dir: PathBuf,
+    /// LM configuration.
+    pub lm: LmConfig,
+    /// Mimi configuration.
+    pub mimi: MimiConfig,
+    /// LM weights.
+    pub lm_weights: PathBuf,
+    /// Mimi weights.
+    pub mimi_weights: PathBuf,
+    /// SentencePiece model, when present.
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// What a header-only check found.
+#[derive(Debug, Clone)]
+pub struct CheckReport {
+    /// Moshi or Hibiki.
+    pub model_type: ModelType,
+    /// LM parameters.
+    pub lm_params: usize,
+    /// Mimi parameters.
+    pub mimi_params: usize,
+    /// KV-cache bytes per stream at full context in bf16.
+    pub kv_bytes_per_stream_bf16: usize,
+    /// Tokenizer pieces, when a tokenizer is present.
+    pub tokenizer_pieces: Option<usize>,
+}
+
+fn existing(p: PathBuf) -> Result<PathBuf, DirError> {
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(DirError::Missing(p))
+    }
+}
+
+impl CheckpointDir {
+    /// Resolves the files of a folder and parses its configurations.
+    pub fn open(dir: &Path) -> Result<Self, DirError> {
+        let published = dir.join("config.json");
+        let fixture = dir.join("lm_config.json");
+        if !published.exists() && fixture.exists() {
+            let tokenizer = dir.join("tokenizer.model");
+            return Ok(CheckpointDir {
+                dir: dir.to_path_buf(),
+                lm: LmConfig::from_file(&fixture)?,
+                mimi: MimiConfig::from_file(&existing(dir.join("mimi_config.json"))?)?,
+                lm_weights: existing(dir.join("lm.safetensors"))?,
+                mimi_weights: existing(dir.join("mimi.safetensors"))?,
+                tokenizer: tokenizer.is_file().then_some(tokenizer),
+            });
+        }
+        if !dir.is_dir() {
+            return Err(DirError::Missing(dir.to_path_buf()));
+        }
+        let lm = if published.exists() {
+            LmConfig::from_file(&published)?
+        } else {
+            LmConfig::moshi_7b()
+        };
+        let mimi = match &lm.files.mimi_config {
+            Some(name) => MimiConfig::from_file(&existing(dir.join(name))?)?,
+            None => MimiConfig::mimi_default(),
+        };
+        Ok(CheckpointDir {
+            dir: dir.to_path_buf(),
+            lm_weights: existing(dir.join(&lm.files.lm))?,
+            mimi_weights: existing(dir.join(&lm.files.mimi))?,
+            tokenizer: Some(existing(dir.join(&lm.files.tokenizer))?),
+            lm,
+            mimi,
+        })
+    }
+
+    /// Mimi codebooks the model needs (generated and user streams).
+    pub fn mimi_codebooks(&self) -> usize {
+        self.lm.dep_q.max(self.lm.num_user_codebooks())
+    }
+
+    /// Validates every tensor's name, shape and dtype from the headers.
+    pub fn check(&self) -> Result<CheckReport, DirError> {
+        let lm_params = Checkpoint::open(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
+        let mimi_params = Checkpoint::open(&self.mimi_weights)?.validate(&Mimi::tensor_specs(&self.mimi))?;
+        if self.mimi_codebooks() > self.mimi.quantizer.n_q {
+            return Err(DirError::Config(ConfigError::BadValue {
+                key: "n_q".into(),
+                why: format!(
+                    "the LM needs {} Mimi codebooks, the Mimi checkpoint has {}",
+                    self.mimi_codebooks(),
+                    self.mimi.quantizer.n_q
+                ),
+            }));
+        }
+        if self.mimi.quantizer.bins != self.lm.card {
+            return Err(DirError::Config(ConfigError::BadValue {
+                key: "card".into(),
+                why: format!("the LM's card {} differs from Mimi's bins {}", self.lm.card, self.mimi.quantizer.bins),
+            }));
+        }
+        let tokenizer_pieces = match &self.tokenizer {
+            Some(p) => {
+                let t = crate::spm::PieceTable::from_file(p).map_err(|e| {
+                    DirError::Config(ConfigError::BadValue {
+                        key: "tokenizer_name".into(),
+                        why: e.to_string(),
+                    })
+                })?;
+                if t.len() < self.lm.text_card {
+                    return Err(DirError::Config(ConfigError::BadValue {
+                        key: "text_card".into(),
+                        why: format!("the tokenizer has {} pieces, fewer than text_card {}", t.len(), self.lm.text_card),
+                    }));
+                }
+                Some(t.len())
+            }
+            None => None,
+        };
+        Ok(CheckReport {
+            model_type: self.lm.model_type,
+            lm_params,
+            mimi_params,
+            kv_bytes_per_stream_bf16: self.lm.kv_bytes_per_stream(2),
+            tokenizer_pieces,
+        })
+    }
+}
+
+/// The `check-checkpoint` command: prints the report, or the reason and a
+/// failure exit code.
+pub fn check_command(dir: &Path) -> std::process::ExitCode {
+    let started = std::time::Instant::now();
+    let result = CheckpointDir::open(dir).and_then(|d| d.check().map(|r| (d, r)));
+    match result {
+        Ok((d, r)) => {
+            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+            println!("checkpoint {}: OK", dir.display());
+            println!("  model type        {:?}", r.model_type);
+            println!("  LM weights        {} ({} parameters)", d.lm_weights.display(), r.lm_params);
+            println!("  Mimi weights      {} ({} parameters)", d.mimi_weights.display(), r.mimi_params);
+            println!(
+                "  LM                dim {}, {} layers, {} heads, context {}, {} generated + {} user codebooks",
+                d.lm.dim,
+                d.lm.num_layers,
+                d.lm.num_heads,
+                d.lm.context,
+                d.lm.dep_q,
+                d.lm.num_user_codebooks()
+            );
+            println!(
+                "  KV cache          {:.3} GiB per stream at full context (bf16)",
+                gib(r.kv_bytes_per_stream_bf16)
+            );
+            match r.tokenizer_pieces {
+                Some(n) => println!("  tokenizer         {n} pieces"),
+                None => println!("  tokenizer         none (text is not printed)"),
+            }
+            println!("  checked in        {:.1} ms", started.elapsed().as_secs_f64() * 1000.0);
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("checkpoint {}: INVALID: {e}", dir.display());
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

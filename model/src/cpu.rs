@@ -1,0 +1,167 @@
+//! The float32 CPU backend: Mimi encode → LM step → Mimi decode for every
+//! active slot, as the official server chains them for one stream.
+//!
+//! Invariants: every buffer is made in [`CpuModel::load`] for `max_slots`;
+//! [`StreamingModel::step`] allocates nothing. A slot's output frame exists
+//! only once the LM has produced tokens for it (after its first `max_delay`
+//! steps); until then the decoder does not advance for that slot, as in the
+//! official server, which skips decoding while `LMGen.step` returns `None`.
+
+use crate::checkpoint::{CheckpointDir, DirError};
+use crate::config::ConfigError;
+use crate::lm::{Lm, LmState, LmStepOutput};
+use crate::mimi::{Mimi, MimiState};
+use crate::streaming::{Batch, ModelError, SessionParams, SlotFault, StreamingModel};
+use crate::weights::Weights;
+
+/// Mimi + LM on the CPU, for `max_slots` concurrent streams.
+pub struct CpuModel {
+    mimi: Mimi,
+    lm: Lm,
+    mimi_state: MimiState,
+    lm_state: LmState,
+    lm_out: LmStepOutput,
+    max_slots: usize,
+    /// Encoded input codes, `max_slots × mimi codebooks`.
+    codes: Vec<u32>,
+    /// User codes fed to the LM, `max_slots × user codebooks`.
+    user_codes: Vec<u32>,
+    /// Generated codes to decode, `max_slots × mimi codebooks`.
+    gen_codes: Vec<u32>,
+    encode_active: Vec<bool>,
+    decode_active: Vec<bool>,
+    eos_codes: Vec<u32>,
+}
+
+impl CpuModel {
+    /// Loads a checkpoint folder for `max_slots` streams.
+    pub fn load(dir: &CheckpointDir, max_slots: usize) -> Result<Self, DirError> {
+        let nq = dir.mimi_codebooks();
+        if dir.lm.dep_q != nq {
+            return Err(DirError::Config(ConfigError::BadValue {
+                key: "dep_q".into(),
+                why: format!("generated and user codebooks must match for decoding ({} vs {nq})", dir.lm.dep_q),
+            }));
+        }
+        let mut mw = Weights::open(&dir.mimi_weights)?;
+        let mimi = Mimi::load(&dir.mimi, &mut mw, nq)?;
+        mw.finish()?;
+        let mut lw = Weights::open(&dir.lm_weights)?;
+        let lm = Lm::load(&dir.lm, &mut lw)?;
+        lw.finish()?;
+        Ok(Self::from_parts(mimi, lm, max_slots))
+    }
+
+    /// A backend over already loaded models.
+    pub fn from_parts(mimi: Mimi, lm: Lm, max_slots: usize) -> Self {
+        let nq = mimi.num_codebooks();
+        let n_user = lm.config().num_user_codebooks();
+        let mut eos_codes = vec![0; n_user];
+        lm.end_of_stream_user_codes(&mut eos_codes);
+        CpuModel {
+            mimi_state: mimi.new_state(max_slots),
+            lm_state: lm.new_state(max_slots),
+            lm_out: lm.new_output(max_slots),
+            codes: vec![0; max_slots * nq],
+            user_codes: vec![0; max_slots * n_user],
+            gen_codes: vec![0; max_slots * nq],
+            encode_active: vec![false; max_slots],
+            decode_active: vec![false; max_slots],
+            eos_codes,
+            mimi,
+            lm,
+            max_slots,
+        }
+    }
+
+    /// The LM.
+    pub fn lm(&self) -> &Lm {
+        &self.lm
+    }
+
+    /// The codec.
+    pub fn mimi(&self) -> &Mimi {
+        &self.mimi
+    }
+}
+
+impl StreamingModel for CpuModel {
+    fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    fn frame_samples(&self) -> usize {
+        self.mimi.frame_samples()
+    }
+
+    fn audio_codebooks(&self) -> usize {
+        self.lm.config().dep_q
+    }
+
+    fn reset_slot(&mut self, slot: usize, params: &SessionParams) -> Result<(), ModelError> {
+        if slot >= self.max_slots {
+            return Err(ModelError::SlotOutOfRange {
+                slot,
+                max_slots: self.max_slots,
+            });
+        }
+        self.lm
+            .reset_slot(&mut self.lm_state, slot, &params.gen)
+            .map_err(|e| ModelError::Params(e.to_string()))?;
+        self.mimi.reset_slot(&mut self.mimi_state, slot);
+        Ok(())
+    }
+
+    fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError> {
+        let fs = self.mimi.frame_samples();
+        if batch.max_slots() != self.max_slots || batch.frame_samples() != fs {
+            return Err(ModelError::BatchShape(format!(
+                "batch of {} slots × {} samples for a model of {} × {fs}",
+                batch.max_slots(),
+                batch.frame_samples(),
+                self.max_slots
+            )));
+        }
+        let nq = self.mimi.num_codebooks();
+        let n_user = self.user_codes.len() / self.max_slots.max(1);
+        for s in 0..self.max_slots {
+            self.encode_active[s] = batch.exec[s] && !batch.end_of_input[s];
+        }
+        self.mimi
+            .encode_step(&mut self.mimi_state, &batch.input_pcm, &self.encode_active, &mut self.codes);
+        for s in 0..self.max_slots {
+            if !batch.exec[s] {
+                continue;
+            }
+            let user = &mut self.user_codes[s * n_user..(s + 1) * n_user];
+            if batch.end_of_input[s] {
+                user.copy_from_slice(&self.eos_codes);
+            } else {
+                user.copy_from_slice(&self.codes[s * nq..s * nq + n_user]);
+            }
+        }
+        self.lm.step(&mut self.lm_state, &self.user_codes, &batch.exec, &mut self.lm_out);
+        for s in 0..self.max_slots {
+            batch.fault[s] = None;
+            let ready = batch.exec[s] && self.lm_out.tokens(s).is_some();
+            self.decode_active[s] = ready;
+            batch.has_output[s] = ready;
+            if let Some(t) = self.lm_out.tokens(s).filter(|_| batch.exec[s]) {
+                batch.text_token[s] = t[0];
+                let audio = &t[1..];
+                self.gen_codes[s * nq..s * nq + audio.len()].copy_from_slice(audio);
+                let n = batch.audio_codebooks();
+                batch.audio_codes[s * n..(s + 1) * n].copy_from_slice(&audio[..n]);
+            }
+        }
+        self.mimi
+            .decode_step(&mut self.mimi_state, &self.gen_codes, &self.decode_active, &mut batch.output_pcm);
+        for s in 0..self.max_slots {
+            if batch.has_output[s] && !batch.output_pcm[s * fs..(s + 1) * fs].iter().all(|x| x.is_finite()) {
+                batch.fault[s] = Some(SlotFault::NonFinite);
+                batch.has_output[s] = false;
+            }
+        }
+        Ok(())
+    }
+}

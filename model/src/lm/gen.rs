@@ -1,0 +1,468 @@
+//! Per-slot generation state and the batched step (`LMGen._step`): the
+//! delayed token cache, offsets, execution mask, resets, guidance rows and
+//! sampling.
+//!
+//! Token cache: per slot, `num_codebooks × (max_delay + 2)` entries used as a
+//! ring per codebook (the official `cache`). At offset `t` user codebook `k`
+//! is written at `(t + delay[k]) % CT`; the input of codebook `k` is the
+//! initial token while `t <= delay[k]`, else entry `t % CT`; the sampled text
+//! and audio tokens are written at `(t + 1) % CT`; the output of a slot whose
+//! new offset `t + 1 > max_delay` is entry `(t + 1 − max_delay + delay[k]) % CT`
+//! for the text and the `dep_q` generated codebooks.
+//!
+//! Rows: an active slot contributes one row, two with guidance (conditioned
+//! row first, null row second, adjacent). Temporal KV cache row of slot `s`,
+//! sub-row `j` is `s · rows_per_slot + j`; the depformer's per-frame cache is
+//! indexed by batch row.
+
+use super::conditioner::cfg_mix;
+use super::linear::linear;
+use super::sampling::{slot_rng, Sampler, SlotRng};
+use super::transformer::{AttnRow, StackScratch};
+use super::{GenParams, Lm, LmStepOutput, ParamError};
+use crate::ops::rms_norm;
+
+/// A cache entry that was never written (the official `ungenerated_token_id`);
+/// never read back by construction.
+const UNGENERATED: u32 = u32::MAX;
+
+struct Slot {
+    /// Steps run since the last reset.
+    offset: usize,
+    /// `[num_codebooks, CT]` token ring.
+    cache: Vec<u32>,
+    /// Guidance coefficient when guidance is on.
+    cfg_coef: Option<f32>,
+    text: Sampler,
+    audio: Sampler,
+    rng: SlotRng,
+}
+
+struct Scratch {
+    /// Active slots, in slot order.
+    active: Vec<usize>,
+    /// First batch row of each active slot.
+    row0: Vec<usize>,
+    /// Active-slot index of each batch row.
+    row_slot: Vec<usize>,
+    /// Temporal attention rows.
+    rows: Vec<AttnRow>,
+    /// Depformer attention rows.
+    dep_rows: Vec<AttnRow>,
+    /// Input tokens `[active, num_codebooks]`.
+    tokens: Vec<u32>,
+    x: Vec<f32>,
+    tout: Vec<f32>,
+    text_logits: Vec<f32>,
+    dx: Vec<f32>,
+    tmp: Vec<f32>,
+    dlogits: Vec<f32>,
+    mix: Vec<f32>,
+    /// Previous token of each active slot (depformer input).
+    prev: Vec<u32>,
+    /// Sampled text token of each active slot.
+    text: Vec<u32>,
+    /// Sampled audio tokens `[active, dep_q]`.
+    audio: Vec<u32>,
+    cand: Vec<(f64, u32)>,
+    stack: StackScratch,
+    cond_tmp: Vec<f32>,
+    dep_kv: Vec<f32>,
+}
+
+/// All per-slot state of a batch and every scratch buffer of a step.
+pub struct LmState {
+    max_slots: usize,
+    rows_per_slot: usize,
+    slots: Vec<Slot>,
+    /// Fused condition vector of each KV row `[max_slots · rows_per_slot, dim]`.
+    cond: Vec<f32>,
+    /// Temporal KV cache `[max_slots · rows_per_slot, kv_row_len]`.
+    kv: Vec<f32>,
+    sc: Scratch,
+}
+
+impl LmState {
+    /// Slots in the state.
+    pub fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    /// Steps slot `slot` has run since its last reset.
+    pub fn offset(&self, slot: usize) -> usize {
+        self.slots[slot].offset
+    }
+
+    /// Whether the slot runs with classifier-free guidance (two rows).
+    pub fn uses_cfg(&self, slot: usize) -> bool {
+        self.slots[slot].cfg_coef.is_some()
+    }
+}
+
+fn check_finite(name: &'static str, v: f32) -> Result<(), ParamError> {
+    if v.is_finite() {
+        Ok(())
+    } else {
+        Err(ParamError::NotFinite(name, v))
+    }
+}
+
+impl Lm {
+    /// Rows per slot: two when the model has conditioners (guidance possible).
+    fn rows_per_slot(&self) -> usize {
+        if self.conditioners.is_empty() {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn cache_len(&self) -> usize {
+        self.cfg.max_delay() + 2
+    }
+
+    /// A state for `max_slots` slots, each reset with [`GenParams::default`].
+    /// Everything a step needs is allocated here.
+    pub fn new_state(&self, max_slots: usize) -> LmState {
+        let cfg = &self.cfg;
+        let rps = self.rows_per_slot();
+        let rows = max_slots * rps;
+        let k = cfg.num_codebooks();
+        let dd = cfg.depformer.dim;
+        let slots = (0..max_slots)
+            .map(|_| Slot {
+                offset: 0,
+                cache: vec![UNGENERATED; k * self.cache_len()],
+                cfg_coef: None,
+                text: Sampler::GREEDY,
+                audio: Sampler::GREEDY,
+                rng: slot_rng(0),
+            })
+            .collect();
+        let sc = Scratch {
+            active: Vec::with_capacity(max_slots),
+            row0: Vec::with_capacity(max_slots),
+            row_slot: Vec::with_capacity(rows),
+            rows: Vec::with_capacity(rows),
+            dep_rows: Vec::with_capacity(rows),
+            tokens: vec![0; max_slots * k],
+            x: vec![0.0; rows * cfg.dim],
+            tout: vec![0.0; rows * cfg.dim],
+            text_logits: vec![0.0; rows * cfg.text_card],
+            dx: vec![0.0; rows * dd],
+            tmp: vec![0.0; rows * self.depformer.emb_width()],
+            dlogits: vec![0.0; rows * cfg.card],
+            mix: vec![0.0; cfg.card],
+            prev: vec![0; max_slots],
+            text: vec![0; max_slots],
+            audio: vec![0; max_slots * cfg.dep_q],
+            cand: vec![(0.0, 0); cfg.card.max(cfg.text_card)],
+            stack: StackScratch::new(
+                rows,
+                &[self.temporal.shape(), self.depformer.stack().shape()],
+            ),
+            cond_tmp: vec![0.0; cfg.dim],
+            dep_kv: vec![0.0; rows * self.depformer.stack().kv_row_len()],
+        };
+        let mut st = LmState {
+            max_slots,
+            rows_per_slot: rps,
+            slots,
+            cond: vec![0.0; rows * cfg.dim],
+            kv: vec![0.0; rows * self.temporal.kv_row_len()],
+            sc,
+        };
+        let defaults = GenParams::default();
+        for s in 0..max_slots {
+            self.reset_slot(&mut st, s, &defaults)
+                .expect("the default parameters are valid for every model");
+        }
+        st
+    }
+
+    /// Value ids of each conditioner (fuser order) for a condition list.
+    fn resolve(&self, list: &[(String, String)]) -> Result<Vec<Option<usize>>, ParamError> {
+        let mut ids = vec![None; self.conditioners.len()];
+        for (name, value) in list {
+            let i = self
+                .conditioners
+                .iter()
+                .position(|c| c.name() == name)
+                .ok_or_else(|| {
+                    ParamError::UnknownCondition(
+                        name.clone(),
+                        self.conditioners
+                            .iter()
+                            .map(|c| c.name().to_string())
+                            .collect(),
+                    )
+                })?;
+            if ids[i].is_some() {
+                return Err(ParamError::DuplicateCondition(name.clone()));
+            }
+            ids[i] = Some(self.conditioners[i].index_of(value)?);
+        }
+        Ok(ids)
+    }
+
+    /// Starts a new stream in `slot` with `params`. The slot is then exactly
+    /// as a slot of a fresh state; on error the slot is left as it was.
+    pub fn reset_slot(
+        &self,
+        state: &mut LmState,
+        slot: usize,
+        params: &GenParams,
+    ) -> Result<(), ParamError> {
+        if slot >= state.max_slots {
+            return Err(ParamError::NoSuchSlot {
+                slot,
+                max_slots: state.max_slots,
+            });
+        }
+        check_finite("temp", params.temp)?;
+        check_finite("temp_text", params.temp_text)?;
+        check_finite("cfg_coef", params.cfg_coef)?;
+        let cfg_on = params.cfg_coef != 1.0;
+        if cfg_on && self.conditioners.is_empty() {
+            return Err(ParamError::CfgWithoutConditioners(params.cfg_coef));
+        }
+        let cond_ids = self.resolve(&params.conditions)?;
+        let null_ids = self.resolve(&params.null_conditions)?;
+
+        let d = self.cfg.dim;
+        let rps = state.rows_per_slot;
+        if !self.conditioners.is_empty() {
+            for (j, ids) in [&cond_ids, &null_ids].into_iter().enumerate().take(rps) {
+                let row = slot * rps + j;
+                let y = &mut state.cond[row * d..(row + 1) * d];
+                for (i, (c, id)) in self.conditioners.iter().zip(ids).enumerate() {
+                    if i == 0 {
+                        c.condition(*id, y);
+                    } else {
+                        let t = &mut state.sc.cond_tmp;
+                        c.condition(*id, t);
+                        for (o, v) in y.iter_mut().zip(t.iter()) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+        }
+        let s = &mut state.slots[slot];
+        s.offset = 0;
+        s.cache.fill(UNGENERATED);
+        s.cfg_coef = cfg_on.then_some(params.cfg_coef);
+        s.text = Sampler {
+            use_sampling: params.use_sampling,
+            temp: params.temp_text,
+            top_k: params.top_k_text,
+        };
+        s.audio = Sampler {
+            use_sampling: params.use_sampling,
+            temp: params.temp,
+            top_k: params.top_k,
+        };
+        s.rng = slot_rng(params.seed);
+        Ok(())
+    }
+
+    /// Advances every slot with `active[s]` by one frame. `user_codes` is
+    /// `[max_slots, num_user_codebooks]` (rows of inactive slots are ignored);
+    /// each code must be at most `card` (`card` itself is the initial /
+    /// end-of-stream id). Allocates nothing.
+    pub fn step(
+        &self,
+        state: &mut LmState,
+        user_codes: &[u32],
+        active: &[bool],
+        out: &mut LmStepOutput,
+    ) {
+        let cfg = &self.cfg;
+        let ms = state.max_slots;
+        let nu = cfg.num_user_codebooks();
+        let nk = cfg.num_codebooks();
+        let ct = self.cache_len();
+        let max_delay = cfg.max_delay();
+        let (dim, dep_q, card, tc) = (cfg.dim, cfg.dep_q, cfg.card, cfg.text_card);
+        assert_eq!(active.len(), ms, "`active` must have one entry per slot");
+        assert_eq!(
+            user_codes.len(),
+            ms * nu,
+            "`user_codes` must be max_slots × num_user_codebooks"
+        );
+        assert_eq!(
+            out.max_slots(),
+            ms,
+            "output sized for another number of slots"
+        );
+        let rps = state.rows_per_slot;
+        let sc = &mut state.sc;
+        sc.active.clear();
+        sc.row0.clear();
+        sc.row_slot.clear();
+        sc.rows.clear();
+
+        // 1. Token cache in, inputs out, rows gathered.
+        for (s, &on) in active.iter().enumerate() {
+            out.stepped[s] = on;
+            out.ready[s] = false;
+            if !on {
+                continue;
+            }
+            let slot = &mut state.slots[s];
+            let t = slot.offset;
+            for (j, &code) in user_codes[s * nu..(s + 1) * nu].iter().enumerate() {
+                assert!(
+                    code as usize <= card,
+                    "slot {s}: user code {code} above card {card}"
+                );
+                let k = 1 + dep_q + j;
+                slot.cache[k * ct + (t + cfg.delays[k]) % ct] = code;
+            }
+            let a = sc.active.len();
+            sc.active.push(s);
+            let toks = &mut sc.tokens[a * nk..(a + 1) * nk];
+            for (k, tok) in toks.iter_mut().enumerate() {
+                *tok = if t <= cfg.delays[k] {
+                    if k == 0 {
+                        tc as u32
+                    } else {
+                        card as u32
+                    }
+                } else {
+                    slot.cache[k * ct + t % ct]
+                };
+            }
+            sc.row0.push(sc.rows.len());
+            let n_rows = if slot.cfg_coef.is_some() { 2 } else { 1 };
+            for j in 0..n_rows {
+                sc.rows.push(AttnRow {
+                    kv_row: s * rps + j,
+                    pos: t,
+                });
+                sc.row_slot.push(a);
+            }
+        }
+        let n = sc.rows.len();
+        if n == 0 {
+            return;
+        }
+
+        // 2. Input embeddings, in the official summation order:
+        //    audio codebooks 0..n_q, then text, then the fused condition.
+        for (r, row) in sc.rows.iter().enumerate() {
+            let toks = &sc.tokens[sc.row_slot[r] * nk..(sc.row_slot[r] + 1) * nk];
+            let xr = &mut sc.x[r * dim..(r + 1) * dim];
+            xr.copy_from_slice(self.emb[0].row(toks[1]));
+            for (e, &tok) in self.emb.iter().zip(&toks[1..]).skip(1) {
+                for (o, v) in xr.iter_mut().zip(e.row(tok)) {
+                    *o += v;
+                }
+            }
+            for (o, v) in xr.iter_mut().zip(self.text_emb.row(toks[0])) {
+                *o += v;
+            }
+            if !self.conditioners.is_empty() {
+                let c = &state.cond[row.kv_row * dim..(row.kv_row + 1) * dim];
+                for (o, v) in xr.iter_mut().zip(c) {
+                    *o += v;
+                }
+            }
+        }
+
+        // 3. Temporal transformer, output norm, text head.
+        self.temporal
+            .forward(0, &mut sc.x, &sc.rows, &mut state.kv, &mut sc.stack);
+        rms_norm(
+            &sc.x[..n * dim],
+            &self.out_norm,
+            cfg.norm.eps(),
+            dim,
+            &mut sc.tout[..n * dim],
+        );
+        linear(
+            &sc.tout[..n * dim],
+            n,
+            &self.text_linear,
+            tc,
+            dim,
+            &mut sc.text_logits[..n * tc],
+        );
+
+        // 4. Text tokens (guidance mixed into the output's logits buffer).
+        for (a, &s) in sc.active.iter().enumerate() {
+            let slot = &mut state.slots[s];
+            let r0 = sc.row0[a];
+            let dst = &mut out.text_logits[s * tc..(s + 1) * tc];
+            let cond = &sc.text_logits[r0 * tc..(r0 + 1) * tc];
+            match slot.cfg_coef {
+                Some(coef) => cfg_mix(
+                    cond,
+                    &sc.text_logits[(r0 + 1) * tc..(r0 + 2) * tc],
+                    coef,
+                    dst,
+                ),
+                None => dst.copy_from_slice(cond),
+            }
+            let tok = slot.text.sample(dst, &mut slot.rng, &mut sc.cand);
+            sc.text[a] = tok;
+            sc.prev[a] = tok;
+        }
+
+        // 5. Depformer, codebook by codebook.
+        for k in 0..dep_q {
+            sc.dep_rows.clear();
+            sc.dep_rows
+                .extend((0..n).map(|r| AttnRow { kv_row: r, pos: k }));
+            let prev = &sc.prev;
+            self.depformer.step(
+                k,
+                &sc.tout,
+                sc.row_slot.iter().map(|&a| prev[a]),
+                &sc.dep_rows,
+                &mut sc.dx,
+                &mut sc.tmp,
+                &mut sc.dep_kv,
+                &mut sc.stack,
+                &mut sc.dlogits,
+            );
+            for (a, &s) in sc.active.iter().enumerate() {
+                let slot = &mut state.slots[s];
+                let r0 = sc.row0[a];
+                let cond = &sc.dlogits[r0 * card..(r0 + 1) * card];
+                let tok = match slot.cfg_coef {
+                    Some(coef) => {
+                        cfg_mix(
+                            cond,
+                            &sc.dlogits[(r0 + 1) * card..(r0 + 2) * card],
+                            coef,
+                            &mut sc.mix,
+                        );
+                        slot.audio.sample(&sc.mix, &mut slot.rng, &mut sc.cand)
+                    }
+                    None => slot.audio.sample(cond, &mut slot.rng, &mut sc.cand),
+                };
+                sc.audio[a * dep_q + k] = tok;
+                sc.prev[a] = tok;
+            }
+        }
+
+        // 6. Token cache update and the undelayed output frame.
+        for (a, &s) in sc.active.iter().enumerate() {
+            let slot = &mut state.slots[s];
+            slot.offset += 1;
+            let t = slot.offset;
+            slot.cache[t % ct] = sc.text[a];
+            for k in 0..dep_q {
+                slot.cache[(1 + k) * ct + t % ct] = sc.audio[a * dep_q + k];
+            }
+            if t > max_delay {
+                let o = &mut out.tokens[s * (1 + dep_q)..(s + 1) * (1 + dep_q)];
+                for (k, v) in o.iter_mut().enumerate() {
+                    *v = slot.cache[k * ct + (t - max_delay + cfg.delays[k]) % ct];
+                }
+                out.ready[s] = true;
+            }
+        }
+    }
+}
