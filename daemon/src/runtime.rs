@@ -187,6 +187,7 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
         max_slots,
         config.engine.phase_groups,
         config.engine.budget_margin_ms,
+        config.runtime.io_cores,
     ));
     let (links, ports) = core_links(config.runtime.io_cores, config.lane_capacity_frames());
     eprintln!("<6>model: {}", loaded.description);

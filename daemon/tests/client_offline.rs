@@ -65,6 +65,8 @@ impl FakeServer {
     }
 }
 
+// tungstenite's upgrade callback returns its (large) error response type.
+#[allow(clippy::result_large_err)]
 fn serve_one(listener: TcpListener, behaviour: Behaviour) -> ServerLog {
     let (stream, _) = listener.accept().unwrap();
     stream.set_read_timeout(Some(SERVER_READ_TIMEOUT)).unwrap();
@@ -250,6 +252,33 @@ fn error_instead_of_handshake_is_surfaced() {
 }
 
 #[test]
+fn http_refusal_of_the_upgrade_is_surfaced() {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}/api/chat", listener.local_addr().unwrap());
+    let server = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.set_read_timeout(Some(SERVER_READ_TIMEOUT)).unwrap();
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap() == 1 {
+            request.push(byte[0]);
+        }
+        stream
+            .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 11\r\n\r\nserver full")
+            .unwrap();
+    });
+    let error = ChatConnection::connect(&url, &[], Duration::from_secs(5))
+        .err()
+        .expect("the upgrade was refused");
+    assert!(
+        matches!(error, ClientError::Handshake { .. }) && error.to_string().contains("503"),
+        "{error}"
+    );
+    server.join().unwrap();
+}
+
+#[test]
 fn missing_handshake_times_out() {
     let server = FakeServer::start(Behaviour::Silent);
     let started = Instant::now();
@@ -330,7 +359,10 @@ fn audio_round_trip_writes_the_wav_and_prints_the_text() {
     let level = rms(&samples[2_000..22_000]);
     assert!((level - 0.354).abs() < 0.05, "rms {level}");
     let crossings = zero_crossings(&samples[2_000..22_000]);
-    assert!((crossings as i64 - 733).abs() < 10, "{crossings} zero crossings");
+    assert!(
+        (crossings as i64 - 733).abs() < 10,
+        "{crossings} zero crossings"
+    );
 
     let log = server.log();
     assert_eq!(log.uri, "/api/chat?text_temperature=0.7&seed=42");
@@ -520,7 +552,10 @@ fn other_wav_formats_are_converted() {
         );
         assert_eq!(audio.samples.len(), 16_800, "{rate} Hz");
         let level = rms(&audio.samples[1_000..15_000]);
-        assert!((level - 0.354).abs() < 0.02, "{rate} Hz {bits} bits: rms {level}");
+        assert!(
+            (level - 0.354).abs() < 0.02,
+            "{rate} Hz {bits} bits: rms {level}"
+        );
     }
 }
 
@@ -553,8 +588,20 @@ enum Command {
 #[test]
 fn cli_arguments() {
     let Command::Client(args) = Cli::try_parse_from([
-        "moshid", "client", "-i", "a.wav", "--output", "b.wav", "--param", "seed=42", "--param",
-        "x=a=b", "--realtime", "false", "--idle-timeout", "0.5",
+        "moshid",
+        "client",
+        "-i",
+        "a.wav",
+        "--output",
+        "b.wav",
+        "--param",
+        "seed=42",
+        "--param",
+        "x=a=b",
+        "--realtime",
+        "false",
+        "--idle-timeout",
+        "0.5",
     ])
     .unwrap()
     .command;
@@ -579,10 +626,10 @@ fn cli_arguments() {
     assert!(args.realtime);
     assert!(args.params.is_empty());
 
-    assert!(Cli::try_parse_from([
-        "moshid", "client", "-i", "a", "-o", "b", "--param", "novalue"
-    ])
-    .is_err());
+    assert!(
+        Cli::try_parse_from(["moshid", "client", "-i", "a", "-o", "b", "--param", "novalue"])
+            .is_err()
+    );
     assert!(Cli::try_parse_from([
         "moshid",
         "client",

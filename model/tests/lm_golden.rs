@@ -17,7 +17,48 @@ use moshid_model::config::LmConfig;
 use moshid_model::lm::{GenParams, Lm, LmStepOutput};
 use moshid_model::weights::Weights;
 use safetensors::{Dtype, SafeTensors};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+
+/// Counts the allocations of the threads that ask for it (see
+/// `step_does_not_allocate`), and otherwise is the system allocator.
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCS: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn note_alloc() {
+    let _ = ALLOCS.try_with(|c| {
+        if let Some(n) = c.get() {
+            c.set(Some(n + 1));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counter is a const-initialised thread local, which never allocates.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_alloc();
+        System.realloc(ptr, layout, new_size)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const STREAMS: usize = 3;
 
@@ -361,6 +402,47 @@ fn streams_in_a_bigger_busier_batch() {
         }
     }
     report(errs);
+}
+
+#[test]
+fn step_does_not_allocate() {
+    for dir in fixture_dirs() {
+        let f = load(&dir);
+        let nu = f.lm.config().num_user_codebooks();
+        let slots = 4;
+        let mut st = f.lm.new_state(slots);
+        let mut out = f.lm.new_output(slots);
+        let cfg = if f.lm.config().has_conditioners() {
+            2.5
+        } else {
+            1.0
+        };
+        for s in 0..slots {
+            let p = GenParams {
+                seed: s as u64,
+                use_sampling: s % 2 == 0,
+                cfg_coef: if s == 1 { cfg } else { 1.0 },
+                ..params(&f.lm)
+            };
+            f.lm.reset_slot(&mut st, s, &p).unwrap();
+        }
+        let mut codes = vec![0; slots * nu];
+        // The counter works.
+        ALLOCS.with(|c| c.set(Some(0)));
+        drop(std::hint::black_box(vec![0u8; 64]));
+        assert!(ALLOCS.with(|c| c.get()).unwrap() > 0);
+        for t in 0..2 * f.t {
+            for s in 0..slots {
+                f.user_codes(s % STREAMS, t % f.t, &mut codes[s * nu..(s + 1) * nu]);
+            }
+            let active: Vec<bool> = (0..slots).map(|s| (t + s) % 3 != 0).collect();
+            ALLOCS.with(|c| c.set(Some(0)));
+            f.lm.step(&mut st, &codes, &active, &mut out);
+            let n = ALLOCS.with(|c| c.get()).unwrap();
+            assert_eq!(n, 0, "{}: step {t} allocated {n} times", f.name);
+        }
+        ALLOCS.with(|c| c.set(None));
+    }
 }
 
 /// Single-thread timing of one step for 1 and 8 slots (run with

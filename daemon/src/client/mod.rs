@@ -137,8 +137,10 @@ pub fn parse_seconds(text: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|_| format!("expected a number of seconds, got {text:?}"))?;
-    if !(seconds > 0.0) {
-        return Err(format!("expected a positive number of seconds, got {text:?}"));
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!(
+            "expected a positive number of seconds, got {text:?}"
+        ));
     }
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }

@@ -51,7 +51,9 @@ impl MessageKind {
 
 /// Splits a binary message into its kind byte and payload; `None` when empty.
 pub fn split_message(message: &[u8]) -> Option<(u8, &[u8])> {
-    message.split_first().map(|(&kind, payload)| (kind, payload))
+    message
+        .split_first()
+        .map(|(&kind, payload)| (kind, payload))
 }
 
 /// Builds a message: the kind byte followed by `payload`.

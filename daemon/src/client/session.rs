@@ -150,7 +150,14 @@ impl ChatConnection {
             trim_pre_skip: false,
             ..DecoderConfig::default()
         })?;
-        wait_for_handshake(&mut ws, &mut decoder, &event_tx, &display, deadline, timeout)?;
+        wait_for_handshake(
+            &mut ws,
+            &mut decoder,
+            &event_tx,
+            &display,
+            deadline,
+            timeout,
+        )?;
 
         set_timeouts(ws.get_ref(), POLL_INTERVAL)?;
         let encoder = OggOpusEncoder::new(EncoderConfig::default())?;
@@ -403,7 +410,12 @@ fn connect_tcp(
         Some(e) if e.kind() == io::ErrorKind::ConnectionRefused => ClientError::NoServer {
             url: url.to_string(),
         },
-        Some(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
+        Some(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) =>
+        {
             ClientError::Timeout {
                 what: "connecting",
                 after: timeout,

@@ -110,7 +110,9 @@ pub fn resample_to_24k(input: &[f32], rate_hz: u32) -> Result<Vec<f32>, ClientEr
         return Ok(input.to_vec());
     }
     let resample_error = |e: &dyn std::fmt::Display| {
-        ClientError::Audio(format!("resampling {rate_hz} Hz to {SAMPLE_RATE_HZ} Hz: {e}"))
+        ClientError::Audio(format!(
+            "resampling {rate_hz} Hz to {SAMPLE_RATE_HZ} Hz: {e}"
+        ))
     };
     let out_len = resampled_len(input.len(), rate_hz);
     let mut resampler = FftFixedInOut::<f32>::new(

@@ -102,11 +102,16 @@ pub struct EngineShared {
     pub stats: EngineStats,
     /// Slots the engine currently has open (its own view; leak checks).
     pub open_slots: AtomicU64,
+    /// Sessions routed on each I/O core (each core writes its own entry at
+    /// session start and end; leak checks and `/capacity`).
+    pub routed_per_core: Vec<AtomicU64>,
+    /// Close records each I/O core still has to deliver.
+    pub pending_closes_per_core: Vec<AtomicU64>,
 }
 
 impl EngineShared {
     /// Shared state for a model of `max_slots` over `phase_groups` groups.
-    pub fn new(max_slots: usize, phase_groups: usize, budget_margin_ms: f64) -> Self {
+    pub fn new(max_slots: usize, phase_groups: usize, budget_margin_ms: f64, io_cores: usize) -> Self {
         EngineShared {
             admission: Mutex::new(AdmissionTable::new(max_slots, phase_groups)),
             step_times: StepTimes::new(max_slots),
@@ -117,7 +122,22 @@ impl EngineShared {
             stop: AtomicBool::new(false),
             stats: EngineStats::default(),
             open_slots: AtomicU64::new(0),
+            routed_per_core: (0..io_cores).map(|_| AtomicU64::new(0)).collect(),
+            pending_closes_per_core: (0..io_cores).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Every per-session table's size, for leak checks (all zero when idle).
+    pub fn session_state(&self) -> serde_json::Value {
+        let a = self.admission();
+        let r = |v: &Vec<AtomicU64>| v.iter().map(|x| x.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        serde_json::json!({
+            "held_slots": a.active(),
+            "pending_params": a.pending_params(),
+            "engine_open_slots": self.open_slots.load(Ordering::Relaxed),
+            "routed_per_core": r(&self.routed_per_core),
+            "pending_closes_per_core": r(&self.pending_closes_per_core),
+        })
     }
 
     /// The admission table (a poisoned lock is recovered: the table's

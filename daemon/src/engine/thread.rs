@@ -135,14 +135,21 @@ impl Engine {
             if let Some(hook) = self.on_tick.as_mut() {
                 hook(Instant::now());
             }
-            self.drain_lanes();
-            self.step_group((tick % groups) as u8);
+            self.tick((tick % groups) as u8);
             tick += 1;
         }
         self.drain_lanes();
         for link in &self.links {
             link.doorbell.close();
         }
+    }
+
+    /// One tick of `group`: drain every lane, step the group's streams, send
+    /// their outputs. [`Engine::run`] calls it on schedule; benches call it
+    /// directly.
+    pub fn tick(&mut self, group: u8) {
+        self.drain_lanes();
+        self.step_group(group);
     }
 
     /// Moves every record out of the lanes: opens, frames into slot queues, closes.

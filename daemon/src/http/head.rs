@@ -294,10 +294,9 @@ impl RequestHead {
                 // RFC 9110 §8.6: a list of identical values is one value.
                 for item in value.split(',') {
                     let n = parse_content_length(item.trim())?;
-                    if content_length.is_some_and(|prev| prev != n) {
+                    if let Some(prev) = content_length.filter(|&prev| prev != n) {
                         return Err(HttpError::BadContentLength(format!(
-                            "conflicting values {} and {n}",
-                            content_length.unwrap_or_default()
+                            "conflicting values {prev} and {n}"
                         )));
                     }
                     content_length = Some(n);

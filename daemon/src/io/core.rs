@@ -91,6 +91,7 @@ impl CoreContext {
             mailbox: mailbox.clone(),
         });
         self.live_sessions.set(self.live_sessions.get() + 1);
+        self.publish();
         self.counters.sessions_started.set(self.counters.sessions_started.get() + 1);
         Ok((ticket, mailbox))
     }
@@ -118,17 +119,31 @@ impl CoreContext {
         if self.push(ToEngineKind::Close, ticket.slot, ticket.generation, None).is_err() {
             self.pending_closes.borrow_mut().push((ticket.slot, ticket.generation));
         }
+        self.publish();
+    }
+
+    /// Publishes this core's table sizes (session start and end only).
+    fn publish(&self) {
+        use std::sync::atomic::Ordering;
+        self.engine.routed_per_core[self.core].store(self.live_sessions.get() as u64, Ordering::Relaxed);
+        self.engine.pending_closes_per_core[self.core].store(self.pending_closes.borrow().len() as u64, Ordering::Relaxed);
     }
 
     /// Retries close records that found the lane full.
     pub fn flush_pending_closes(&self) {
-        let mut pending = self.pending_closes.borrow_mut();
-        while let Some(&(slot, generation)) = pending.last() {
-            if self.push(ToEngineKind::Close, slot, generation, None).is_err() {
-                break;
-            }
-            pending.pop();
+        if self.pending_closes.borrow().is_empty() {
+            return;
         }
+        {
+            let mut pending = self.pending_closes.borrow_mut();
+            while let Some(&(slot, generation)) = pending.last() {
+                if self.push(ToEngineKind::Close, slot, generation, None).is_err() {
+                    break;
+                }
+                pending.pop();
+            }
+        }
+        self.publish();
     }
 
     /// Close records still waiting (leak checks).

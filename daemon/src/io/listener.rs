@@ -149,6 +149,7 @@ async fn route(
             let body = serde_json::json!({
                 "capacity": engine.capacity(),
                 "engine": engine.stats.snapshot(),
+                "session_state": engine.session_state(),
                 "phase_groups": engine.phase_groups,
             });
             http::write_json(stream, 200, &body).await?;

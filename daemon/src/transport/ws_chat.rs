@@ -102,6 +102,9 @@ where
     };
     let decoder_cfg = DecoderConfig {
         max_buffered_bytes: cfg.session.max_message_bytes + DecoderConfig::default().max_page_bytes,
+        // Kyutai's server hands the decoder's output to the model untrimmed;
+        // so do we, so that clients get one answer per frame they sent.
+        trim_pre_skip: false,
         ..DecoderConfig::default()
     };
     let buffers = match (

@@ -49,10 +49,6 @@ impl PackedLinear {
         Self::from_fn(n, k, |o, i| w[o * k + i])
     }
 
-    pub(crate) fn out_dim(&self) -> usize {
-        self.n
-    }
-
     /// `y[m][n] = x[m][k] · Wᵀ` (overwrites `y`).
     pub(crate) fn forward(&self, x: &[f32], m: usize, y: &mut [f32]) {
         assert!(

@@ -167,16 +167,9 @@ impl SplitRvq {
             if r.used == 0 {
                 continue;
             }
-            ops::linear(
-                emb,
-                n,
-                &r.in_proj,
-                self.dq,
-                self.d,
-                &mut sc.xq[..n * self.dq],
-            );
-            for book in &r.books {
-                self.nearest(sc, book, n, codes, col);
+            r.in_proj.forward(emb, n, &mut sc.xq[..n * self.dq]);
+            for (book, dist) in r.books.iter().zip(&r.dist) {
+                self.nearest(sc, book, dist, n, codes, col);
                 col += 1;
             }
         }
@@ -188,6 +181,7 @@ impl SplitRvq {
         &self,
         sc: &mut QuantScratch,
         book: &[f32],
+        dist: &PackedLinear,
         n: usize,
         codes: &mut [u32],
         col: usize,
@@ -212,12 +206,12 @@ impl SplitRvq {
         } else {
             for r in 0..n {
                 let x = &sc.xq[r * dq..(r + 1) * dq];
-                for (e, dist) in book
-                    .chunks_exact(w)
+                for (e, out) in book
+                    .chunks_exact(dq)
                     .zip(&mut sc.dists[r * bins..(r + 1) * bins])
                 {
                     let s: f32 = x.iter().zip(e).map(|(a, b)| (a - b) * (a - b)).sum();
-                    *dist = s.sqrt();
+                    *out = s.sqrt();
                 }
             }
         }
@@ -317,16 +311,16 @@ mod tests {
                 .collect()
         };
         for r in [&mut q.first, &mut q.rest] {
-            r.in_proj = eye(3, 4);
-            r.out_proj = eye(4, 3);
-            r.books = (0..r.used)
-                .map(|b| {
-                    let sum: Vec<f32> = (0..bins * 3)
-                        .map(|k| ((k + 7 * b) as f32 * 0.77).sin())
-                        .collect();
-                    augmented_codebook(&sum, &vec![1.0; bins], 3)
-                })
-                .collect();
+            r.in_proj = PackedLinear::from_rows(&eye(3, 4), 3, 4);
+            r.out_proj = PackedLinear::from_rows(&eye(4, 3), 4, 3);
+            for b in 0..r.used {
+                let sum: Vec<f32> = (0..bins * 3)
+                    .map(|k| ((k + 7 * b) as f32 * 0.77).sin())
+                    .collect();
+                let (book, aug) = codebook(&sum, &vec![1.0; bins], 3);
+                r.books.push(book);
+                r.dist.push(PackedLinear::from_rows(&aug, bins, 5));
+            }
         }
         q
     }
@@ -344,7 +338,7 @@ mod tests {
                 let x = &emb[r * 4..r * 4 + 3];
                 let near = |book: &[f32], x: &[f32]| -> usize {
                     let dist = |i: usize| -> f32 {
-                        (0..3).map(|k| (x[k] - book[i * 5 + k]).powi(2)).sum()
+                        (0..3).map(|k| (x[k] - book[i * 3 + k]).powi(2)).sum()
                     };
                     (0..bins)
                         .min_by(|&a, &b| dist(a).partial_cmp(&dist(b)).unwrap())

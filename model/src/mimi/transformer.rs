@@ -214,23 +214,13 @@ impl MimiTransformer {
                 d,
                 &mut sc.xn[..rows * d],
             );
-            ops::linear(
-                &sc.xn,
-                rows,
-                &layer.in_proj,
-                3 * d,
-                d,
-                &mut sc.qkv[..rows * 3 * d],
-            );
+            layer
+                .in_proj
+                .forward(&sc.xn, rows, &mut sc.qkv[..rows * 3 * d]);
             self.attention(&mut st.k[l], &mut st.v[l], &st.offset, sc, slots, t);
-            ops::linear(
-                &sc.att,
-                rows,
-                &layer.out_proj,
-                d,
-                d,
-                &mut sc.proj[..rows * d],
-            );
+            layer
+                .out_proj
+                .forward(&sc.att, rows, &mut sc.proj[..rows * d]);
             add_scaled(x, &sc.proj[..rows * d], &layer.scale1);
             // Feed-forward block.
             ops::layer_norm(
@@ -241,25 +231,15 @@ impl MimiTransformer {
                 d,
                 &mut sc.xn[..rows * d],
             );
-            ops::linear(
-                &sc.xn,
-                rows,
-                &layer.linear1,
-                ff,
-                d,
-                &mut sc.hidden[..rows * ff],
-            );
+            layer
+                .linear1
+                .forward(&sc.xn, rows, &mut sc.hidden[..rows * ff]);
             for v in &mut sc.hidden[..rows * ff] {
                 *v = ops::gelu(*v);
             }
-            ops::linear(
-                &sc.hidden,
-                rows,
-                &layer.linear2,
-                d,
-                ff,
-                &mut sc.proj[..rows * d],
-            );
+            layer
+                .linear2
+                .forward(&sc.hidden, rows, &mut sc.proj[..rows * d]);
             add_scaled(x, &sc.proj[..rows * d], &layer.scale2);
         }
         for &s in slots {
