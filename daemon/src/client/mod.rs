@@ -98,8 +98,10 @@ pub struct ClientArgs {
     /// Seconds to wait for the connection and the session handshake.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_seconds)]
     pub connect_timeout: Duration,
-    /// Seconds without anything from the server, after the last frame, before giving up.
-    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = parse_seconds)]
+    /// Seconds without anything from the server, after the last frame, before
+    /// finishing (the model answers a frame within a few ticks; its last
+    /// `delay` frames are never answered, so the client ends on this wait).
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_seconds)]
     pub idle_timeout: Duration,
     /// Sample format of the output WAV.
     #[arg(long, value_enum, default_value_t = OutputFormat::Pcm16)]

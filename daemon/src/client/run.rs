@@ -62,7 +62,7 @@ impl ClientOptions {
             params: Vec::new(),
             realtime: true,
             connect_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(2),
             output_format: OutputFormat::Pcm16,
         }
     }

@@ -179,7 +179,9 @@ mod avx {
 mod tests {
     use super::*;
 
-    fn check(f: fn(&[f32], usize, &[f32], usize, usize, &mut [f32], bool)) {
+    type Kernel = fn(&[f32], usize, &[f32], usize, usize, &mut [f32], bool);
+
+    fn check(f: Kernel) {
         for (rows, out, inp) in [
             (1, 1, 1),
             (3, 7, 13),

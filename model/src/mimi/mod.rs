@@ -14,7 +14,8 @@
 //!   conv → decoder transformer → SEANet decoder.
 //!
 //! Files: [`conv`] (streaming conv and transposed conv), [`seanet`],
-//! [`transformer`], [`quantizer`], [`resample`].
+//! [`transformer`], [`quantizer`], [`resample`], [`linear`] (matrix products
+//! over weights packed at load), [`act`] (vectorizable ELU/GELU/dot).
 //!
 //! Invariants: a [`Mimi`] is immutable after [`Mimi::load`]; every per-stream
 //! quantity (conv histories, transposed-conv tails, KV rings and step
@@ -25,6 +26,7 @@
 //! slot's result does not depend on which other slots run with it, and an
 //! inactive slot is neither read nor written.
 
+mod act;
 mod conv;
 mod linear;
 mod quantizer;

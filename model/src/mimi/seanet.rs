@@ -12,9 +12,9 @@
 //! entry and on exit; the other buffers are scratch, sized by
 //! [`Seanet::scratch_need`]; only the listed slots' states change.
 
+use super::act::{elu_inplace, elu_into};
 use super::conv::{ConvState, ConvTrState, StreamingConv1d, StreamingConvTr1d};
 use crate::config::SeanetConfig;
-use crate::ops::elu;
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 
 /// Activation scratch shared by the SEANets and the resamplers.
@@ -309,9 +309,7 @@ impl Seanet {
         for block in &self.blocks {
             match *block {
                 Block::Elu => {
-                    for v in &mut a[..n * t * c] {
-                        *v = elu(*v);
-                    }
+                    elu_inplace(&mut a[..n * t * c]);
                 }
                 Block::Conv(i) => {
                     let cv = &self.convs[i];
@@ -335,14 +333,10 @@ impl Seanet {
                     shortcut,
                 } => {
                     let len = n * t * c;
-                    for (d, s) in t1[..len].iter_mut().zip(&a[..len]) {
-                        *d = elu(*s);
-                    }
+                    elu_into(&mut t1[..len], &a[..len]);
                     let c1 = &self.convs[conv1];
                     c1.forward(&mut st.convs[conv1], slots, t1, t, col, t2);
-                    for v in &mut t2[..n * t * c1.c_out] {
-                        *v = elu(*v);
-                    }
+                    elu_inplace(&mut t2[..n * t * c1.c_out]);
                     self.convs[conv2].forward(&mut st.convs[conv2], slots, t2, t, col, t1);
                     match shortcut {
                         Some(s) => {

@@ -15,6 +15,7 @@
 //! Invariants: only the listed slots' caches and counters change; `forward`
 //! does not allocate (scratch sized at creation for `max_slots × t_max`).
 
+use super::act;
 use super::conv::SlotBuf;
 use super::linear::PackedLinear;
 use crate::config::MimiTransformerConfig;
@@ -234,9 +235,7 @@ impl MimiTransformer {
             layer
                 .linear1
                 .forward(&sc.xn, rows, &mut sc.hidden[..rows * ff]);
-            for v in &mut sc.hidden[..rows * ff] {
-                *v = ops::gelu(*v);
-            }
+            act::gelu_inplace(&mut sc.hidden[..rows * ff]);
             layer
                 .linear2
                 .forward(&sc.hidden, rows, &mut sc.proj[..rows * d]);
@@ -304,7 +303,7 @@ impl MimiTransformer {
                         let delta = pq - pk;
                         sc.scores[i] = if pk >= 0 && delta >= 0 && delta < cap as i64 {
                             let k = &keys[i * d + h * hd..i * d + (h + 1) * hd];
-                            let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                            let dot = act::dot(q, k);
                             let v = dot * scale;
                             max = max.max(v);
                             v
@@ -464,7 +463,7 @@ mod tests {
             ops::layer_norm(&x, &layer.norm2_w, &layer.norm2_b, 1e-5, d, &mut xn);
             let mut hid = vec![0.0; steps * ff];
             layer.linear1.forward(&xn, steps, &mut hid);
-            hid.iter_mut().for_each(|v| *v = ops::gelu(*v));
+            act::gelu_inplace(&mut hid);
             layer.linear2.forward(&hid, steps, &mut proj);
             add_scaled(&mut x, &proj, &layer.scale2);
         }
