@@ -211,3 +211,88 @@ pub fn check_command(dir: &Path) -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+    use safetensors::SafeTensors;
+
+    /// Rewrites `file` through `edit(name, shape) -> Some(new shape) | None (drop)`,
+    /// plus optional extra tensors.
+    fn rewrite(file: &Path, edit: impl Fn(&str, &[usize]) -> Option<Vec<usize>>, extra: &[(&str, Vec<usize>)]) {
+        let bytes = std::fs::read(file).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (name, v) in st.tensors() {
+            if let Some(shape) = edit(&name, v.shape()) {
+                let n: usize = shape.iter().product();
+                owned.push((name.clone(), shape, vec![0u8; n * 4]));
+            }
+        }
+        for (name, shape) in extra {
+            let n: usize = shape.iter().product();
+            owned.push((name.to_string(), shape.clone(), vec![0u8; n * 4]));
+        }
+        let views: Vec<(String, TensorView)> = owned
+            .iter()
+            .map(|(n, s, b)| (n.clone(), TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, file).unwrap();
+    }
+
+    fn demo() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("demo");
+        crate::demo::write_demo(&d, 3).unwrap();
+        (t, d)
+    }
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let (_t, d) = demo();
+        rewrite(&d.join("model.safetensors"), |n, s| (n != "out_norm.alpha").then(|| s.to_vec()), &[]);
+        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
+        assert!(e.contains("missing tensor `out_norm.alpha`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_shape_is_named() {
+        let (_t, d) = demo();
+        rewrite(
+            &d.join("mimi.safetensors"),
+            |n, s| Some(if n == "decoder.model.0.conv.conv.bias" { vec![s[0] + 1] } else { s.to_vec() }),
+            &[],
+        );
+        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
+        assert!(e.contains("decoder.model.0.conv.conv.bias") && e.contains("expected"), "{e}");
+    }
+
+    #[test]
+    fn extra_tensor_is_named() {
+        let (_t, d) = demo();
+        rewrite(&d.join("model.safetensors"), |_, s| Some(s.to_vec()), &[("stray.weight", vec![2, 2])]);
+        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
+        assert!(e.contains("unexpected tensor `stray.weight`"), "{e}");
+    }
+
+    #[test]
+    fn golden_folders_validate_from_headers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden");
+        for name in ["moshi-tiny", "hibiki-tiny"] {
+            let d = CheckpointDir::open(&root.join(name)).unwrap();
+            let r = d.check().unwrap();
+            assert!(r.lm_params > 0 && r.mimi_params > 0);
+        }
+    }
+
+    #[test]
+    fn missing_folder_and_files_are_reported() {
+        let t = tempfile::tempdir().unwrap();
+        let e = CheckpointDir::open(&t.path().join("nope")).unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+        // An empty folder is a Moshi 7B folder without its weights.
+        let e = CheckpointDir::open(t.path()).unwrap_err().to_string();
+        assert!(e.contains("model.safetensors"), "{e}");
+    }
+}

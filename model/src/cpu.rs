@@ -1,6 +1,11 @@
 //! The float32 CPU backend: Mimi encode → LM step → Mimi decode for every
 //! active slot, as the official server chains them for one stream.
 //!
+//! The first frame of a stream is handled as the official server does: it is
+//! encoded and stepped, then the slot's Mimi state is reset, because the
+//! first encoded frame carries the encoder's left padding (from the model's
+//! point of view that frame is in the past).
+//!
 //! Invariants: every buffer is made in [`CpuModel::load`] for `max_slots`;
 //! [`StreamingModel::step`] allocates nothing. A slot's output frame exists
 //! only once the LM has produced tokens for it (after its first `max_delay`
@@ -31,6 +36,8 @@ pub struct CpuModel {
     encode_active: Vec<bool>,
     decode_active: Vec<bool>,
     eos_codes: Vec<u32>,
+    /// Slots that have not stepped since their reset.
+    first_frame: Vec<bool>,
 }
 
 impl CpuModel {
@@ -68,6 +75,7 @@ impl CpuModel {
             encode_active: vec![false; max_slots],
             decode_active: vec![false; max_slots],
             eos_codes,
+            first_frame: vec![true; max_slots],
             mimi,
             lm,
             max_slots,
@@ -109,6 +117,7 @@ impl StreamingModel for CpuModel {
             .reset_slot(&mut self.lm_state, slot, &params.gen)
             .map_err(|e| ModelError::Params(e.to_string()))?;
         self.mimi.reset_slot(&mut self.mimi_state, slot);
+        self.first_frame[slot] = true;
         Ok(())
     }
 
@@ -132,6 +141,9 @@ impl StreamingModel for CpuModel {
         for s in 0..self.max_slots {
             if !batch.exec[s] {
                 continue;
+            }
+            if std::mem::take(&mut self.first_frame[s]) {
+                self.mimi.reset_slot(&mut self.mimi_state, s);
             }
             let user = &mut self.user_codes[s * n_user..(s + 1) * n_user];
             if batch.end_of_input[s] {

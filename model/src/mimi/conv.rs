@@ -8,7 +8,8 @@
 //!   input steps (`previous`); a call sees `previous ++ x` and produces
 //!   `t/s` outputs, with no padding. With `replicate` (the learnt down-sampler)
 //!   a fresh slot's `previous` is filled with its first input sample instead of
-//!   zeros. The product runs as im2col + one sgemm over every active slot's
+//!   zeros. The product runs as im2col + one packed matrix product
+//!   ([`PackedLinear`]) over every active slot's
 //!   output rows (chunked so the column buffer stays bounded).
 //! - [`StreamingConvTr1d`]: the full transposed output of a call has
 //!   `t·s + (k − s)` steps; its first `k − s` steps receive the previous
