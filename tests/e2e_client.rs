@@ -85,7 +85,6 @@ fn moshid_client_streams_a_wav_file() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("DEBUG stdout={stdout} stderr={stderr}");
     assert!(
         out.status.success(),
         "moshid client failed ({}):\nstdout: {stdout}\nstderr: {stderr}",

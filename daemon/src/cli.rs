@@ -133,6 +133,22 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // systemd notifications and the HAProxy agent read the engine once it exists.
+    let engine_cell = crate::agent::EngineCell::default();
+    let notifier = crate::systemd::Notifier::from_env(engine_cell.clone());
+    // The agent port is bound before the model loads, so a balancer sees
+    // `maint` during start-up rather than a refused connection.
+    let agent = match cfg.listen.agent_address {
+        Some(a) => match crate::agent::AgentServer::start(a, engine_cell.clone()) {
+            Ok(server) => Some(server),
+            Err(e) => {
+                eprintln!("error: config key `listen.agent_address`: cannot listen on {a}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let agent_addr = agent.as_ref().map(|a| a.local_addr());
     let loaded = match runtime::load_model(&cfg) {
         Ok(m) => m,
         Err(e) => {
@@ -140,18 +156,32 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let ready_notifier = notifier.clone();
+    let stopping_notifier = notifier.clone();
     let hooks = Hooks {
-        on_ready: Some(Box::new(|addr| {
+        on_ready: Some(Box::new(move |addr| {
             println!("moshid listening on http://{addr}");
             println!("  WebSocket chat:  ws://{addr}/api/chat");
             println!("  health/capacity: http://{addr}/health  http://{addr}/capacity");
             println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
+            if let Some(a) = agent_addr {
+                println!("  agent-check:     {a} (HAProxy agent-port)");
+            }
             use std::io::Write;
             let _ = std::io::stdout().flush();
+            ready_notifier.ready();
         })),
-        ..Hooks::default()
+        on_tick: notifier.tick_hook(),
+        on_stopping: Some(Box::new(move || stopping_notifier.stopping())),
+        on_engine: Some(Box::new(move |engine| {
+            let _ = engine_cell.set(engine.clone());
+        })),
     };
-    match runtime::run(cfg, loaded, hooks, stop_rx) {
+    let result = runtime::run(cfg, loaded, hooks, stop_rx);
+    if let Some(agent) = agent {
+        agent.stop();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

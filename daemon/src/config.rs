@@ -136,6 +136,16 @@ pub struct ListenConfig {
     pub address: SocketAddr,
     /// Open connections per I/O core beyond which new ones are closed at once.
     pub max_connections_per_core: usize,
+    /// Open connections from one client IP address per I/O core beyond which
+    /// new ones from that address are closed at once (0: no per-address
+    /// limit). Counted per core, so a client may hold up to this many on
+    /// each core. Behind a load balancer every connection comes from the
+    /// balancer's address: leave it 0 there.
+    pub max_connections_per_ip: usize,
+    /// Address of the HAProxy agent-check responder (`null`: none). It
+    /// answers every connection with one line (`up ready N%`, `drain` or
+    /// `maint`) and closes; no token, it discloses only that line.
+    pub agent_address: Option<SocketAddr>,
     /// Bearer token required when the listener is not on loopback.
     pub token: Option<String>,
     /// Largest HTTP request head, in bytes.
@@ -151,6 +161,8 @@ impl Default for ListenConfig {
         ListenConfig {
             address: "127.0.0.1:8998".parse().expect("valid literal"),
             max_connections_per_core: 1024,
+            max_connections_per_ip: 0,
+            agent_address: None,
             token: None,
             max_head_bytes: 16 * 1024,
             max_body_bytes: 64 * 1024,
@@ -299,6 +311,23 @@ impl Config {
         if l.max_connections_per_core == 0 {
             return Err(invalid("listen.max_connections_per_core", "must be positive"));
         }
+        if l.max_connections_per_ip > l.max_connections_per_core {
+            return Err(invalid(
+                "listen.max_connections_per_ip",
+                format!(
+                    "{} exceeds listen.max_connections_per_core ({}): it would never apply",
+                    l.max_connections_per_ip, l.max_connections_per_core
+                ),
+            ));
+        }
+        if let Some(agent) = l.agent_address {
+            if agent.port() != 0 && agent.port() == l.address.port() {
+                return Err(invalid(
+                    "listen.agent_address",
+                    format!("uses port {}, the port of listen.address", agent.port()),
+                ));
+            }
+        }
         if !l.address.ip().is_loopback() && l.token.as_deref().is_none_or(str::is_empty) {
             return Err(invalid(
                 "listen.token",
@@ -393,5 +422,16 @@ mod tests {
         let e = parse(r#"{"listen": {"address": "0.0.0.0:8998"}}"#).unwrap_err();
         assert!(e.contains("listen.token"), "{e}");
         parse(r#"{"listen": {"address": "0.0.0.0:8998", "token": "s3cret"}}"#).unwrap();
+    }
+
+    #[test]
+    fn per_ip_limit_and_agent_address_are_checked() {
+        let e = parse(r#"{"listen": {"max_connections_per_core": 8, "max_connections_per_ip": 9}}"#).unwrap_err();
+        assert!(e.contains("listen.max_connections_per_ip"), "{e}");
+        let e = parse(r#"{"listen": {"address": "127.0.0.1:8998", "agent_address": "127.0.0.1:8998"}}"#).unwrap_err();
+        assert!(e.contains("listen.agent_address"), "{e}");
+        let c = parse(r#"{"listen": {"max_connections_per_ip": 4, "agent_address": "0.0.0.0:9998"}}"#).unwrap();
+        assert_eq!(c.listen.max_connections_per_ip, 4);
+        assert_eq!(c.listen.agent_address.map(|a| a.port()), Some(9998));
     }
 }

@@ -12,11 +12,13 @@ pub const FRAME_MS: f64 = 80.0;
 /// The model's sample rate.
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
+pub mod agent;
 pub mod config;
 pub mod engine;
 pub mod io;
 pub mod runtime;
 pub mod session;
+pub mod systemd;
 pub mod transport;
 pub mod cli;
 pub mod client;

@@ -176,6 +176,9 @@ pub struct Hooks {
     pub on_tick: Option<crate::engine::thread::TickHook>,
     /// Called when a drain starts.
     pub on_stopping: Option<Box<dyn FnOnce() + Send>>,
+    /// Called once with the engine's shared state, before the engine starts
+    /// (systemd status lines, the HAProxy agent-check responder).
+    pub on_engine: Option<Box<dyn FnOnce(&Arc<EngineShared>) + Send>>,
 }
 
 /// Serves until `stop` reports a signal, then drains and returns.
@@ -189,6 +192,9 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
         config.engine.budget_margin_ms,
         config.runtime.io_cores,
     ));
+    if let Some(f) = hooks.on_engine.take() {
+        f(&engine_shared);
+    }
     let (links, ports) = core_links(config.runtime.io_cores, config.lane_capacity_frames());
     eprintln!("<6>model: {}", loaded.description);
     eprintln!(

@@ -1,1 +1,13 @@
+//! The `golden` target: every fixture folder (`MOSHID_GOLDEN`, colon-separated,
+//! or every folder of `../shared/golden`) against the official
+//! implementation's numbers — Mimi codes exact and audio within 1e-4
+//! relative error (`mimi::`), LM tokens exact, text logits within 1e-4 and
+//! slot reuse exact (`lm::`). Failures name the tensor, stream, step and
+//! codebook.
 
+#[path = "golden_fixtures.rs"]
+mod fixtures;
+#[path = "golden/lm.rs"]
+mod lm;
+#[path = "golden/mimi.rs"]
+mod mimi;

@@ -5,7 +5,10 @@
 //!
 //! Invariants: a connection never leaves the core that accepted it; the
 //! number of open connections per core is bounded by configuration (beyond
-//! it new connections are closed at once); a request head must arrive within
+//! it new connections are closed at once), and so is the number per client
+//! IP address on each core (`listen.max_connections_per_ip`, counted per
+//! core: a client may hold that many on every core) with a table that never
+//! holds more entries than there are open connections; a request head must arrive within
 //! `listen.head_timeout_ms`; control endpoints other than `/health` and
 //! `/ready` need the bearer token when one is configured, compared in
 //! constant time.
@@ -14,14 +17,142 @@ use super::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::transport::ws_chat;
 use glommio::net::{TcpListener, TcpStream};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Why a connection was closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnRefusal {
+    /// `listen.max_connections_per_core` connections are open on this core.
+    CoreFull,
+    /// `listen.max_connections_per_ip` connections from this address are
+    /// open on this core.
+    AddressFull,
+}
+
+impl std::fmt::Display for ConnRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConnRefusal::CoreFull => "listen.max_connections_per_core reached on this core",
+            ConnRefusal::AddressFull => "listen.max_connections_per_ip reached for this address on this core",
+        })
+    }
+}
+
+/// How often a core logs that it closed connections over a bound.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// One core's open connections, in all and per client address.
+///
+/// Bounded: an address has an entry only while it has an open connection
+/// (the entry is removed when its count returns to 0), and at most
+/// `max_open` connections are open, so there are never more than `max_open`
+/// entries. With no per-address limit the table stays empty.
+pub struct ConnTable {
+    open: Cell<usize>,
+    per_ip: RefCell<HashMap<IpAddr, usize>>,
+    max_open: usize,
+    max_per_ip: usize,
+    refused: Cell<u64>,
+    last_log: Cell<Option<Instant>>,
+}
+
+/// One open connection; dropping it gives its place back.
+pub struct ConnGuard {
+    table: Rc<ConnTable>,
+    ip: Option<IpAddr>,
+}
+
+impl ConnTable {
+    /// A table for `max_open` connections, `max_per_ip` per address (0: no
+    /// per-address limit).
+    pub fn new(max_open: usize, max_per_ip: usize) -> Rc<ConnTable> {
+        Rc::new(ConnTable {
+            open: Cell::new(0),
+            per_ip: RefCell::new(HashMap::new()),
+            max_open,
+            max_per_ip,
+            refused: Cell::new(0),
+            last_log: Cell::new(None),
+        })
+    }
+
+    /// Takes a place for a connection from `ip`, or says why there is none.
+    pub fn try_open(self: &Rc<Self>, ip: IpAddr) -> Result<ConnGuard, ConnRefusal> {
+        let refuse = |r| {
+            self.refused.set(self.refused.get() + 1);
+            Err(r)
+        };
+        if self.open.get() >= self.max_open {
+            return refuse(ConnRefusal::CoreFull);
+        }
+        let mut key = None;
+        if self.max_per_ip > 0 {
+            // An IPv4 client seen through an IPv6 socket counts as itself.
+            let ip = ip.to_canonical();
+            let mut map = self.per_ip.borrow_mut();
+            let count = map.entry(ip).or_insert(0);
+            if *count >= self.max_per_ip {
+                return refuse(ConnRefusal::AddressFull);
+            }
+            *count += 1;
+            key = Some(ip);
+        }
+        self.open.set(self.open.get() + 1);
+        Ok(ConnGuard {
+            table: self.clone(),
+            ip: key,
+        })
+    }
+
+    /// Open connections.
+    pub fn open(&self) -> usize {
+        self.open.get()
+    }
+
+    /// Addresses with an open connection (0 without a per-address limit).
+    pub fn addresses(&self) -> usize {
+        self.per_ip.borrow().len()
+    }
+
+    /// Connections refused since start.
+    pub fn refused(&self) -> u64 {
+        self.refused.get()
+    }
+
+    /// Whether a refusal should be logged now (at most every [`REFUSAL_LOG_PERIOD`]).
+    fn log_due(&self, now: Instant) -> bool {
+        let due = self.last_log.get().is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD);
+        if due {
+            self.last_log.set(Some(now));
+        }
+        due
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let t = &self.table;
+        t.open.set(t.open.get() - 1);
+        if let Some(ip) = self.ip {
+            let mut map = t.per_ip.borrow_mut();
+            if let Some(count) = map.get_mut(&ip) {
+                *count -= 1;
+                if *count == 0 {
+                    map.remove(&ip);
+                }
+            }
+        }
+    }
+}
 
 /// Accepts connections until the task is cancelled.
 pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
-    let open = Rc::new(Cell::new(0usize));
-    let max_open = app.shared.config.listen.max_connections_per_core;
+    let l = &app.shared.config.listen;
+    let table = ConnTable::new(l.max_connections_per_core, l.max_connections_per_ip);
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -31,18 +162,32 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
                 continue;
             }
         };
-        if open.get() >= max_open {
-            // Over the bound: close at once rather than queue.
-            drop(stream);
+        let Ok(peer) = stream.peer_addr() else {
+            // Already gone.
             continue;
-        }
+        };
+        let guard = match table.try_open(peer.ip()) {
+            Ok(g) => g,
+            Err(refusal) => {
+                // Over a bound: close at once rather than queue.
+                drop(stream);
+                if table.log_due(Instant::now()) {
+                    eprintln!(
+                        "<4>core {}: closed a connection from {}: {refusal} ({} refused since start; logged at most every {} s)",
+                        app.ctx.core,
+                        peer.ip(),
+                        table.refused(),
+                        REFUSAL_LOG_PERIOD.as_secs()
+                    );
+                }
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
-        open.set(open.get() + 1);
         let app = app.clone();
-        let open = open.clone();
         glommio::spawn_local(async move {
+            let _guard = guard;
             handle_connection(stream, app).await;
-            open.set(open.get() - 1);
         })
         .detach();
     }
@@ -168,7 +313,41 @@ async fn route(
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{constant_time_eq, ConnRefusal, ConnTable};
+    use std::net::IpAddr;
+
+    #[test]
+    fn per_address_limit_with_a_bounded_table() {
+        let t = ConnTable::new(4, 2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let a_mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let a1 = t.try_open(a).unwrap();
+        let a2 = t.try_open(a_mapped).unwrap();
+        assert_eq!(t.try_open(a).err(), Some(ConnRefusal::AddressFull), "mapped IPv4 counts as the same address");
+        let b1 = t.try_open(b).unwrap();
+        let b2 = t.try_open(b).unwrap();
+        assert_eq!((t.open(), t.addresses()), (4, 2));
+        assert_eq!(t.try_open("10.0.0.3".parse().unwrap()).err(), Some(ConnRefusal::CoreFull));
+        assert_eq!(t.addresses(), 2, "a refused address leaves no entry behind");
+        drop(a1);
+        let a3 = t.try_open(a).unwrap();
+        drop((a2, a3));
+        assert_eq!((t.open(), t.addresses()), (2, 1), "entry removed at 0");
+        drop((b1, b2));
+        assert_eq!((t.open(), t.addresses(), t.refused()), (0, 0, 2));
+    }
+
+    #[test]
+    fn no_per_address_limit_keeps_no_table() {
+        let t = ConnTable::new(3, 0);
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let guards: Vec<_> = (0..3).map(|_| t.try_open(ip).unwrap()).collect();
+        assert_eq!(t.addresses(), 0);
+        assert_eq!(t.try_open(ip).err(), Some(ConnRefusal::CoreFull));
+        drop(guards);
+        assert_eq!(t.open(), 0);
+    }
 
     #[test]
     fn token_comparison() {

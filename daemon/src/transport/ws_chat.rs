@@ -53,6 +53,28 @@ pub mod kind {
     pub const PING: u8 = 0x06;
 }
 
+/// What one binary client message asks of the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientMessage<'a> {
+    /// Ogg Opus bytes (kind `0x01`), any split of the stream's pages.
+    Audio(&'a [u8]),
+    /// A kind the server accepts and ignores: handshake echoes, text,
+    /// control, metadata, ping and unknown kinds.
+    Ignored(u8),
+    /// An empty message: a protocol error.
+    Empty,
+}
+
+/// Classifies one binary client message by its first byte (pure: the
+/// session acts on the result; fuzzed in `fuzz/`).
+pub fn parse_client_message(data: &[u8]) -> ClientMessage<'_> {
+    match data.split_first() {
+        None => ClientMessage::Empty,
+        Some((&kind::AUDIO, payload)) => ClientMessage::Audio(payload),
+        Some((&k, _)) => ClientMessage::Ignored(k),
+    }
+}
+
 /// How long a session waits for the engine to answer a frame before it
 /// gives up on it (the engine ticks every 80 ms; this is many ticks).
 const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -231,13 +253,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                 return Some(EndReason::ProtocolError("text messages are not part of the protocol; send binary".into()))
             }
         };
-        let Some((&k, payload)) = data.split_first() else {
-            return Some(EndReason::ProtocolError("empty message".into()));
-        };
-        match k {
-            kind::AUDIO => self.on_audio(payload).await,
+        match parse_client_message(&data) {
+            ClientMessage::Empty => Some(EndReason::ProtocolError("empty message".into())),
+            ClientMessage::Audio(payload) => self.on_audio(payload).await,
             // Accepted and ignored: handshake echoes, text, control, metadata, ping.
-            _ => None,
+            ClientMessage::Ignored(_) => None,
         }
     }
 

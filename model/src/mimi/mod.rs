@@ -13,9 +13,9 @@
 //! - decode: split RVQ latent → learnt channel-wise up-sampling transposed
 //!   conv → decoder transformer → SEANet decoder.
 //!
-//! Files: [`conv`] (streaming conv and transposed conv), [`seanet`],
-//! [`transformer`], [`quantizer`], [`resample`], [`linear`] (matrix products
-//! over weights packed at load), [`act`] (vectorizable ELU/GELU/dot).
+//! Files: `conv.rs` (streaming conv and transposed conv), `seanet.rs`,
+//! `transformer.rs`, `quantizer.rs`, `resample.rs`, `linear.rs` (matrix products
+//! over weights packed at load), `act.rs` (vectorizable ELU/GELU/dot).
 //!
 //! Invariants: a [`Mimi`] is immutable after [`Mimi::load`]; every per-stream
 //! quantity (conv histories, transposed-conv tails, KV rings and step

@@ -63,20 +63,7 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 const STREAMS: usize = 3;
 
 fn fixture_dirs() -> Vec<PathBuf> {
-    if let Ok(v) = std::env::var("MOSHID_GOLDEN") {
-        return v
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-            .collect();
-    }
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden"));
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.join("lm_config.json").is_file());
-    dirs.sort();
-    dirs
+    super::fixtures::fixture_dirs("lm_config.json")
 }
 
 struct Fixture {
@@ -446,7 +433,7 @@ fn step_does_not_allocate() {
 }
 
 /// Single-thread timing of one step for 1 and 8 slots (run with
-/// `cargo test --release -p moshid-model --test lm_golden -- --ignored --nocapture`).
+/// `cargo test --release -p moshid-model --test golden lm:: -- --ignored --nocapture`).
 #[test]
 #[ignore]
 fn timing() {

@@ -17,20 +17,7 @@ use std::path::{Path, PathBuf};
 const MAX_REL: f64 = 1e-4;
 
 fn fixture_dirs() -> Vec<PathBuf> {
-    if let Ok(v) = std::env::var("MOSHID_GOLDEN") {
-        return v
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-            .collect();
-    }
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden"));
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.join("mimi_config.json").is_file());
-    dirs.sort();
-    dirs
+    super::fixtures::fixture_dirs("mimi_config.json")
 }
 
 struct Io {
@@ -368,7 +355,7 @@ fn time_steps(mimi: &Mimi, slots: usize, warm: usize, frames: usize) -> (f64, f6
     (te / frames as f64 * 1e3, td / frames as f64 * 1e3)
 }
 
-/// `cargo test --release -p moshid-model --test mimi_golden -- --ignored --nocapture`
+/// `cargo test --release -p moshid-model --test golden mimi:: -- --ignored --nocapture`
 #[test]
 #[ignore = "timing; run in release"]
 fn mimi_step_timing() {

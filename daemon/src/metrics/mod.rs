@@ -1,0 +1,133 @@
+//! Per-core stage metrics that cost nothing when off, switched at run time.
+//!
+//! * [`histogram`]: fixed log-spaced buckets made of single-writer counters.
+//! * [`stages`]: one thread's stage timings and counts ([`StageCounters`])
+//!   and its only writer ([`StageRecorder`]).
+//! * [`export`]: `GET /metrics` — reads every thread's counters, folds them
+//!   into the `metrics` facade (counters, gauges) and renders Prometheus text
+//!   (histograms are written directly, exactly as counted).
+//!
+//! The [`Registry`] lives in [`EngineShared`](crate::engine::EngineShared):
+//! it holds the switch and the `Arc` of every thread's counters, published
+//! once when the thread starts (the engine in `Engine::new`, each I/O core in
+//! `CoreContext::new`).
+//!
+//! Invariants:
+//! * Off by default. The switch is read once per engine tick and once per
+//!   session message batch (a relaxed load); when it is off no clock is read
+//!   and nothing is recorded — the hot path costs one predictable branch.
+//! * On, recording is relaxed load + store into memory owned by the
+//!   recording thread: no lock, no allocation, no map lookup, no contended
+//!   read-modify-write. The registry's mutex is taken at thread start and at
+//!   scrape time only.
+//! * No per-session state: counters are per thread, sized at start.
+//!   Session accounting (frames, tokens, end reason) lives in
+//!   [`SessionRecord`](crate::session::record::SessionRecord) whatever the
+//!   switch says.
+//! * Turning the switch on or off loses nothing and needs no restart; a
+//!   frame pushed while off carries no timestamp, so it adds no `frame_wait`
+//!   sample even if the switch is on when it is stepped.
+
+pub mod export;
+pub mod histogram;
+pub mod stages;
+
+pub use stages::{Owner, Stage, StageCounters, StageRecorder, ThreadSnapshot};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// The switch and every thread's counters.
+pub struct Registry {
+    enabled: AtomicBool,
+    threads: Mutex<Vec<Arc<StageCounters>>>,
+    exporter: OnceLock<export::Exporter>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new(false)
+    }
+}
+
+impl Registry {
+    /// An empty registry with the switch at `enabled`.
+    pub fn new(enabled: bool) -> Self {
+        Registry {
+            enabled: AtomicBool::new(enabled),
+            threads: Mutex::new(Vec::new()),
+            exporter: OnceLock::new(),
+        }
+    }
+
+    /// Whether stage metrics are recorded (read once per tick / message batch).
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Turns recording on or off; returns the previous state. Threads see
+    /// the change at their next tick or message batch.
+    pub fn set_enabled(&self, on: bool) -> bool {
+        self.enabled.swap(on, Ordering::Relaxed)
+    }
+
+    /// A timestamp when recording is on, `None` (and no clock read) when off.
+    #[inline]
+    pub fn stamp(&self) -> Option<Instant> {
+        if self.enabled() {
+            Some(Instant::now())
+        } else {
+            None
+        }
+    }
+
+    /// Creates and publishes the counters of a thread; the returned recorder
+    /// is their only writer and belongs to that thread. Call once per thread
+    /// at start (allocates).
+    pub fn register(&self, owner: Owner, phase_groups: usize, max_slots: usize) -> StageRecorder {
+        let counters = Arc::new(StageCounters::new(owner, phase_groups, max_slots));
+        self.lock().push(counters.clone());
+        StageRecorder::new(counters)
+    }
+
+    /// Every published thread's counters, read now (scrape time).
+    pub fn snapshots(&self) -> Vec<ThreadSnapshot> {
+        self.lock().iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// This registry's Prometheus exporter (made on first use).
+    pub fn exporter(&self) -> &export::Exporter {
+        self.exporter.get_or_init(export::Exporter::new)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<StageCounters>>> {
+        // Nothing panics while the lock is held; recover from poisoning anyway.
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switch_gates_stamps_and_registration_publishes() {
+        let r = Registry::default();
+        assert!(!r.enabled());
+        assert!(r.stamp().is_none());
+        assert!(!r.set_enabled(true));
+        assert!(r.stamp().is_some());
+        let core = r.register(Owner::Core(0), 1, 8);
+        let engine = r.register(Owner::Engine, 1, 8);
+        core.record(Stage::Decode, std::time::Duration::from_micros(50));
+        engine.frames(2);
+        let snaps = r.snapshots();
+        assert_eq!(snaps.len(), 2);
+        assert_eq!(snaps[0].owner, Owner::Core(0));
+        assert_eq!(snaps[0].stage(Stage::Decode).count(), 1);
+        assert_eq!(snaps[1].frames, 2);
+        assert!(r.set_enabled(false));
+    }
+}
