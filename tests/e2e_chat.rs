@@ -242,10 +242,7 @@ fn admission_refuses_when_every_slot_is_held() {
 #[test]
 fn admission_refuses_a_stream_over_the_step_budget() {
     // 80 ms − 79.5 ms: a 0.5 ms budget, below any measured step time.
-    let daemon = Daemon::start(
-        &[],
-        Some(r#"{"engine": {"budget_margin_ms": 79.5}}"#),
-    );
+    let daemon = Daemon::start(&[], Some(r#"{"engine": {"budget_margin_ms": 79.5}}"#));
     let cap = daemon.capacity();
     let group = &cap["capacity"]["groups"][0];
     assert!(

@@ -55,7 +55,10 @@ fn run_moshid(args: &[&str], timeout: Duration) -> Output {
             let _ = Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status();
-            panic!("`moshid {}` did not finish within {timeout:?}", args.join(" "));
+            panic!(
+                "`moshid {}` did not finish within {timeout:?}",
+                args.join(" ")
+            );
         }
     }
 }

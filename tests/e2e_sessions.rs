@@ -47,7 +47,11 @@ fn ending(session: usize) -> Ending {
 /// Connects, retrying (bounded) while every slot is held: a slot comes back
 /// only once the engine has processed the previous session's close, which
 /// may be just after that session's client saw it end.
-fn connect_retrying(daemon_addr: std::net::SocketAddr, query: &str, refused: &mut u64) -> ChatClient {
+fn connect_retrying(
+    daemon_addr: std::net::SocketAddr,
+    query: &str,
+    refused: &mut u64,
+) -> ChatClient {
     let deadline = Instant::now() + IDLE_TIMEOUT;
     loop {
         match ChatClient::connect(daemon_addr, query) {
@@ -153,14 +157,20 @@ fn many_sessions_come_and_go_without_leaking() {
     let ends = stderr.matches("<6>session end ").count() as u64;
     assert_eq!(ends, sessions + total.refused, "session end lines");
     let idle_ends = stderr.matches("reason=idle_timeout").count() as u64;
-    assert_eq!(idle_ends, total.normal, "sessions ended by the idle timeout");
+    assert_eq!(
+        idle_ends, total.normal,
+        "sessions ended by the idle timeout"
+    );
 
     // And it still serves, then stops cleanly.
     let log = ChatClient::start(addr, "seed=1").run(&signal(0, 3), Pace::Burst);
     log.assert_complete(3, "session after the churn");
     daemon.wait_idle();
     let status = daemon.stop();
-    assert!(status.success(), "moshid serve exited with {status} on SIGTERM");
+    assert!(
+        status.success(),
+        "moshid serve exited with {status} on SIGTERM"
+    );
 }
 
 /// With at most as many frames in flight per session as the engine queues
@@ -182,7 +192,7 @@ fn burst_is_backpressured_when_in_flight_fits_the_engine_queue() {
 /// The same with the default configuration: `session.max_frames_in_flight`
 /// (8) exceeds `engine.queued_frames_per_slot` (4), so a burst overfills
 /// the slot's engine queue and frames are dropped instead of the client
-/// being slowed down (12 of 20 here).
+/// being slowed down (12 or 13 of 20 in our runs).
 #[test]
 #[ignore = "daemon bug: default max_frames_in_flight (8) > queued_frames_per_slot (4) drops burst frames"]
 fn burst_is_backpressured_with_the_default_config() {

@@ -17,7 +17,13 @@ fn bench_tick(c: &mut Criterion) {
     for streams in [8usize, 64, 256] {
         let shared = Arc::new(EngineShared::new(streams, 1, 10.0, 1));
         let (links, mut ports) = core_links(1, streams * 4);
-        let mut engine = Engine::new(Box::new(ZeroCostModel::new(streams)), links, shared.clone(), 4, 1);
+        let mut engine = Engine::new(
+            Box::new(ZeroCostModel::new(streams)),
+            links,
+            shared.clone(),
+            4,
+            1,
+        );
         engine.warm_up();
         let port = &mut ports[0];
         let mut rec = ToEngine::default();
@@ -30,7 +36,9 @@ fn bench_tick(c: &mut Criterion) {
             rec.kind = ToEngineKind::Open;
             rec.slot = t.slot;
             rec.generation = t.generation;
-            port.to_engine.try_push(&rec).expect("lane sized for every slot");
+            port.to_engine
+                .try_push(&rec)
+                .expect("lane sized for every slot");
             tickets.push(t);
         }
         engine.tick(0);
@@ -42,7 +50,9 @@ fn bench_tick(c: &mut Criterion) {
                 for t in &tickets {
                     rec.slot = t.slot;
                     rec.generation = t.generation;
-                    port.to_engine.try_push(&rec).expect("lane sized for every slot");
+                    port.to_engine
+                        .try_push(&rec)
+                        .expect("lane sized for every slot");
                 }
                 engine.tick(0);
                 let got = port.from_engine.drain(|r: &FromEngine| {

@@ -36,15 +36,22 @@ fn load_pcm(dir: &std::path::Path) -> Option<(Vec<f32>, usize)> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let model_dir: PathBuf = arg(&args, "--model", PathBuf::from("../shared/golden/moshi-tiny"));
+    let model_dir: PathBuf = arg(
+        &args,
+        "--model",
+        PathBuf::from("../shared/golden/moshi-tiny"),
+    );
     let batch: usize = arg(&args, "--batch", 8);
     let frames: usize = arg(&args, "--frames", 16);
     let repeats: usize = arg(&args, "--repeats", 5);
-    let dir = CheckpointDir::open(&model_dir).unwrap_or_else(|e| panic!("{}: {e}", model_dir.display()));
+    let dir =
+        CheckpointDir::open(&model_dir).unwrap_or_else(|e| panic!("{}: {e}", model_dir.display()));
     let mut model = CpuModel::load(&dir, batch).expect("weights");
     let fs = model.frame_samples();
     let pcm = load_pcm(&model_dir);
-    let mut params = SessionParams { gen: GenParams::greedy() };
+    let mut params = SessionParams {
+        gen: GenParams::greedy(),
+    };
     if !dir.lm.conditioners.is_empty() {
         params.gen = GenParams::greedy().with_hibiki_conditions(3.0);
     }

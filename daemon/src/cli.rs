@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// Bearer token for a non-loopback listener.
     #[arg(long)]
     pub token: Option<String>,
+    /// Record per-core stage metrics from the start (`metrics.enabled`;
+    /// switchable at run time with `POST /admin/metrics`).
+    #[arg(long)]
+    pub metrics: bool,
 }
 
 impl ServeArgs {
@@ -100,6 +104,9 @@ impl ServeArgs {
         }
         if let Some(t) = &self.token {
             cfg.listen.token = Some(t.clone());
+        }
+        if self.metrics {
+            cfg.metrics.enabled = true;
         }
         cfg.validate().map_err(|e| e.to_string())?;
         Ok(cfg)

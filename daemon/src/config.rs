@@ -233,6 +233,27 @@ impl Default for GenDefaults {
     }
 }
 
+/// `metrics.*`: per-core stage metrics (`GET /metrics` always serves the
+/// cheap gauges; stage timings are recorded only while the switch is on).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Whether stage timings are recorded from the start (`--metrics`).
+    pub enabled: bool,
+    /// Whether `POST /admin/metrics` may turn the recording on and off at
+    /// run time (`false`: it answers 403 and `enabled` holds until restart).
+    pub runtime_switch: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            runtime_switch: true,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -249,6 +270,8 @@ pub struct Config {
     pub session: SessionConfig,
     /// Decoding defaults.
     pub defaults: GenDefaults,
+    /// Stage metrics.
+    pub metrics: MetricsConfig,
 }
 
 impl Config {
@@ -369,6 +392,9 @@ impl Config {
         if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
             return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
         }
+        // `metrics.*` are two independent booleans: every combination is
+        // usable (wrong types and unknown keys are refused by the parser,
+        // which names the key).
         Ok(())
     }
 
@@ -433,5 +459,18 @@ mod tests {
         let c = parse(r#"{"listen": {"max_connections_per_ip": 4, "agent_address": "0.0.0.0:9998"}}"#).unwrap();
         assert_eq!(c.listen.max_connections_per_ip, 4);
         assert_eq!(c.listen.agent_address.map(|a| a.port()), Some(9998));
+    }
+
+    #[test]
+    fn metrics_section_defaults_and_refusals() {
+        let c = parse("{}").unwrap();
+        assert!(!c.metrics.enabled);
+        assert!(c.metrics.runtime_switch);
+        let c = parse(r#"{"metrics": {"enabled": true, "runtime_switch": false}}"#).unwrap();
+        assert!(c.metrics.enabled && !c.metrics.runtime_switch);
+        let e = parse(r#"{"metrics": {"enabled": "yes"}}"#).unwrap_err();
+        assert!(e.contains("invalid type"), "{e}");
+        let e = parse(r#"{"metrics": {"enable": true}}"#).unwrap_err();
+        assert!(e.contains("enable"), "{e}");
     }
 }

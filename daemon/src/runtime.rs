@@ -192,11 +192,20 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
         config.engine.budget_margin_ms,
         config.runtime.io_cores,
     ));
+    // Stage metrics: the configured switch, and the Prometheus recorder
+    // installed once as the process's `metrics` recorder.
+    engine_shared.metrics.set_enabled(config.metrics.enabled);
+    engine_shared.metrics.exporter().install_global();
     if let Some(f) = hooks.on_engine.take() {
         f(&engine_shared);
     }
     let (links, ports) = core_links(config.runtime.io_cores, config.lane_capacity_frames());
     eprintln!("<6>model: {}", loaded.description);
+    eprintln!(
+        "<6>metrics: stage timings {} (GET /metrics; POST /admin/metrics {})",
+        if config.metrics.enabled { "on" } else { "off" },
+        if config.metrics.runtime_switch { "switches them" } else { "disabled by config" }
+    );
     eprintln!(
         "<6>cpus: io cores on {:?}, engine on {} (allowed {:?})",
         placement.io_cpus, placement.engine_cpu, allowed

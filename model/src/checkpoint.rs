@@ -127,8 +127,10 @@ impl CheckpointDir {
 
     /// Validates every tensor's name, shape and dtype from the headers.
     pub fn check(&self) -> Result<CheckReport, DirError> {
-        let lm_params = Checkpoint::open(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
-        let mimi_params = Checkpoint::open(&self.mimi_weights)?.validate(&Mimi::tensor_specs(&self.mimi))?;
+        let lm_params =
+            Checkpoint::open(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
+        let mimi_params =
+            Checkpoint::open(&self.mimi_weights)?.validate(&Mimi::tensor_specs(&self.mimi))?;
         if self.mimi_codebooks() > self.mimi.quantizer.n_q {
             return Err(DirError::Config(ConfigError::BadValue {
                 key: "n_q".into(),
@@ -142,7 +144,10 @@ impl CheckpointDir {
         if self.mimi.quantizer.bins != self.lm.card {
             return Err(DirError::Config(ConfigError::BadValue {
                 key: "card".into(),
-                why: format!("the LM's card {} differs from Mimi's bins {}", self.lm.card, self.mimi.quantizer.bins),
+                why: format!(
+                    "the LM's card {} differs from Mimi's bins {}",
+                    self.lm.card, self.mimi.quantizer.bins
+                ),
             }));
         }
         let tokenizer_pieces = match &self.tokenizer {
@@ -156,7 +161,11 @@ impl CheckpointDir {
                 if t.len() < self.lm.text_card {
                     return Err(DirError::Config(ConfigError::BadValue {
                         key: "text_card".into(),
-                        why: format!("the tokenizer has {} pieces, fewer than text_card {}", t.len(), self.lm.text_card),
+                        why: format!(
+                            "the tokenizer has {} pieces, fewer than text_card {}",
+                            t.len(),
+                            self.lm.text_card
+                        ),
                     }));
                 }
                 Some(t.len())
@@ -183,8 +192,16 @@ pub fn check_command(dir: &Path) -> std::process::ExitCode {
             let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
             println!("checkpoint {}: OK", dir.display());
             println!("  model type        {:?}", r.model_type);
-            println!("  LM weights        {} ({} parameters)", d.lm_weights.display(), r.lm_params);
-            println!("  Mimi weights      {} ({} parameters)", d.mimi_weights.display(), r.mimi_params);
+            println!(
+                "  LM weights        {} ({} parameters)",
+                d.lm_weights.display(),
+                r.lm_params
+            );
+            println!(
+                "  Mimi weights      {} ({} parameters)",
+                d.mimi_weights.display(),
+                r.mimi_params
+            );
             println!(
                 "  LM                dim {}, {} layers, {} heads, context {}, {} generated + {} user codebooks",
                 d.lm.dim,
@@ -202,7 +219,10 @@ pub fn check_command(dir: &Path) -> std::process::ExitCode {
                 Some(n) => println!("  tokenizer         {n} pieces"),
                 None => println!("  tokenizer         none (text is not printed)"),
             }
-            println!("  checked in        {:.1} ms", started.elapsed().as_secs_f64() * 1000.0);
+            println!(
+                "  checked in        {:.1} ms",
+                started.elapsed().as_secs_f64() * 1000.0
+            );
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
@@ -220,7 +240,11 @@ mod tests {
 
     /// Rewrites `file` through `edit(name, shape) -> Some(new shape) | None (drop)`,
     /// plus optional extra tensors.
-    fn rewrite(file: &Path, edit: impl Fn(&str, &[usize]) -> Option<Vec<usize>>, extra: &[(&str, Vec<usize>)]) {
+    fn rewrite(
+        file: &Path,
+        edit: impl Fn(&str, &[usize]) -> Option<Vec<usize>>,
+        extra: &[(&str, Vec<usize>)],
+    ) {
         let bytes = std::fs::read(file).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -236,7 +260,12 @@ mod tests {
         }
         let views: Vec<(String, TensorView)> = owned
             .iter()
-            .map(|(n, s, b)| (n.clone(), TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+            .map(|(n, s, b)| {
+                (
+                    n.clone(),
+                    TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
             .collect();
         safetensors::serialize_to_file(views, None, file).unwrap();
     }
@@ -251,8 +280,16 @@ mod tests {
     #[test]
     fn missing_tensor_is_named() {
         let (_t, d) = demo();
-        rewrite(&d.join("model.safetensors"), |n, s| (n != "out_norm.alpha").then(|| s.to_vec()), &[]);
-        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
+        rewrite(
+            &d.join("model.safetensors"),
+            |n, s| (n != "out_norm.alpha").then(|| s.to_vec()),
+            &[],
+        );
+        let e = CheckpointDir::open(&d)
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing tensor `out_norm.alpha`"), "{e}");
     }
 
@@ -261,18 +298,39 @@ mod tests {
         let (_t, d) = demo();
         rewrite(
             &d.join("mimi.safetensors"),
-            |n, s| Some(if n == "decoder.model.0.conv.conv.bias" { vec![s[0] + 1] } else { s.to_vec() }),
+            |n, s| {
+                Some(if n == "decoder.model.0.conv.conv.bias" {
+                    vec![s[0] + 1]
+                } else {
+                    s.to_vec()
+                })
+            },
             &[],
         );
-        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
-        assert!(e.contains("decoder.model.0.conv.conv.bias") && e.contains("expected"), "{e}");
+        let e = CheckpointDir::open(&d)
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("decoder.model.0.conv.conv.bias") && e.contains("expected"),
+            "{e}"
+        );
     }
 
     #[test]
     fn extra_tensor_is_named() {
         let (_t, d) = demo();
-        rewrite(&d.join("model.safetensors"), |_, s| Some(s.to_vec()), &[("stray.weight", vec![2, 2])]);
-        let e = CheckpointDir::open(&d).unwrap().check().unwrap_err().to_string();
+        rewrite(
+            &d.join("model.safetensors"),
+            |_, s| Some(s.to_vec()),
+            &[("stray.weight", vec![2, 2])],
+        );
+        let e = CheckpointDir::open(&d)
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unexpected tensor `stray.weight`"), "{e}");
     }
 
@@ -289,7 +347,9 @@ mod tests {
     #[test]
     fn missing_folder_and_files_are_reported() {
         let t = tempfile::tempdir().unwrap();
-        let e = CheckpointDir::open(&t.path().join("nope")).unwrap_err().to_string();
+        let e = CheckpointDir::open(&t.path().join("nope"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nope"), "{e}");
         // An empty folder is a Moshi 7B folder without its weights.
         let e = CheckpointDir::open(t.path()).unwrap_err().to_string();

@@ -133,7 +133,12 @@ impl PosEmb {
         Ok(match v {
             "none" => PosEmb::None,
             "rope" => PosEmb::Rope,
-            other => return Err(bad(key, format!("unsupported positional embedding `{other}`"))),
+            other => {
+                return Err(bad(
+                    key,
+                    format!("unsupported positional embedding `{other}`"),
+                ))
+            }
         })
     }
 }
@@ -315,7 +320,8 @@ impl<'a> Reader<'a> {
     }
 
     fn req(&mut self, k: &str) -> Result<&'a Value, ConfigError> {
-        self.get(k).ok_or_else(|| ConfigError::MissingKey(self.key(k)))
+        self.get(k)
+            .ok_or_else(|| ConfigError::MissingKey(self.key(k)))
     }
 
     fn usize(&mut self, k: &str) -> Result<usize, ConfigError> {
@@ -339,14 +345,19 @@ impl<'a> Reader<'a> {
 
     fn f64(&mut self, k: &str) -> Result<f64, ConfigError> {
         let key = self.key(k);
-        self.req(k)?.as_f64().ok_or_else(|| bad(&key, "expected a number"))
+        self.req(k)?
+            .as_f64()
+            .ok_or_else(|| bad(&key, "expected a number"))
     }
 
     fn opt_f64(&mut self, k: &str) -> Result<Option<f64>, ConfigError> {
         let key = self.key(k);
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| bad(&key, "expected a number")),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| bad(&key, "expected a number")),
         }
     }
 
@@ -354,7 +365,9 @@ impl<'a> Reader<'a> {
         let key = self.key(k);
         match self.get(k) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| bad(&key, "expected true or false")),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| bad(&key, "expected true or false")),
         }
     }
 
@@ -374,7 +387,9 @@ impl<'a> Reader<'a> {
         let Some(v) = self.get(k) else {
             return Ok(None);
         };
-        let arr = v.as_array().ok_or_else(|| bad(&key, "expected a list of integers"))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| bad(&key, "expected a list of integers"))?;
         arr.iter()
             .map(|x| {
                 x.as_u64()
@@ -386,7 +401,12 @@ impl<'a> Reader<'a> {
     }
 
     /// A key that must hold its default value (the computation depends on it).
-    fn expect(&mut self, k: &str, ok: impl Fn(&Value) -> bool, what: &str) -> Result<(), ConfigError> {
+    fn expect(
+        &mut self,
+        k: &str,
+        ok: impl Fn(&Value) -> bool,
+        what: &str,
+    ) -> Result<(), ConfigError> {
         let key = self.key(k);
         match self.get(k) {
             None => Ok(()),
@@ -438,14 +458,22 @@ impl LmConfig {
         let model_type = match r.str_or("model_type", "moshi")?.as_str() {
             "moshi" => ModelType::Moshi,
             "hibiki" => ModelType::Hibiki,
-            other => return Err(bad("model_type", format!("unsupported model type `{other}`"))),
+            other => {
+                return Err(bad(
+                    "model_type",
+                    format!("unsupported model type `{other}`"),
+                ))
+            }
         };
         let defaults = CheckpointFiles::default();
         let files = CheckpointFiles {
             lm: r.str_or("moshi_name", &defaults.lm)?,
             mimi: r.str_or("mimi_name", &defaults.mimi)?,
             tokenizer: r.str_or("tokenizer_name", &defaults.tokenizer)?,
-            mimi_config: r.get("mimi_config_name").and_then(Value::as_str).map(str::to_string),
+            mimi_config: r
+                .get("mimi_config_name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         };
         for k in LM_INERT_KEYS {
             r.skip(k);
@@ -463,15 +491,24 @@ impl LmConfig {
         let max_period = r.opt_f64("max_period")?.unwrap_or(10_000.0) as f32;
         let norm = NormKind::parse("norm", &r.str_or("norm", "layer_norm")?)?;
         let gating = Gating::parse("gating", &r.str_or("gating", "none")?)?;
-        let pos = PosEmb::parse("positional_embedding", &r.str_or("positional_embedding", "sin")?)?;
+        let pos = PosEmb::parse(
+            "positional_embedding",
+            &r.str_or("positional_embedding", "sin")?,
+        )?;
         if pos != PosEmb::Rope {
             return Err(bad("positional_embedding", "the LM must use `rope`"));
         }
-        let delays = r.usize_list("delays")?.ok_or_else(|| ConfigError::MissingKey("delays".into()))?;
+        let delays = r
+            .usize_list("delays")?
+            .ok_or_else(|| ConfigError::MissingKey("delays".into()))?;
         r.expect("causal", |v| v.as_bool() == Some(true), "true")?;
         r.expect("layer_scale", |_| false, "null")?;
         r.expect("depformer_layer_scale", |_| false, "null")?;
-        r.expect("text_card_out", |v| v.as_u64() == Some(text_card as u64), "text_card")?;
+        r.expect(
+            "text_card_out",
+            |v| v.as_u64() == Some(text_card as u64),
+            "text_card",
+        )?;
         r.expect("demux_second_stream", is_false, "false")?;
         r.expect("demux_second_text_stream", is_false, "false")?;
         r.expect("norm_emb", is_false, "false")?;
@@ -517,9 +554,13 @@ impl LmConfig {
         if let Some(f) = r.get("fuser") {
             let mut fr = Reader::new("fuser", obj(f, "fuser")?);
             if let Some(s) = fr.get("sum") {
-                let arr = s.as_array().ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
+                let arr = s
+                    .as_array()
+                    .ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
                 for x in arr {
-                    let n = x.as_str().ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
+                    let n = x
+                        .as_str()
+                        .ok_or_else(|| bad("fuser.sum", "expected a list of names"))?;
                     fuser_sum.push(n.to_string());
                 }
             }
@@ -576,23 +617,36 @@ impl LmConfig {
                 return Err(bad(k, "must be positive"));
             }
         }
-        if self.dim % self.num_heads != 0 {
+        if !self.dim.is_multiple_of(self.num_heads) {
             return Err(bad("num_heads", format!("must divide dim {}", self.dim)));
         }
-        if (self.dim / self.num_heads) % 2 != 0 {
+        if !(self.dim / self.num_heads).is_multiple_of(2) {
             return Err(bad("num_heads", "head dimension must be even for RoPE"));
         }
-        if self.depformer.dim % self.depformer.num_heads != 0 {
-            return Err(bad("depformer_num_heads", format!("must divide depformer_dim {}", self.depformer.dim)));
+        if !self.depformer.dim.is_multiple_of(self.depformer.num_heads) {
+            return Err(bad(
+                "depformer_num_heads",
+                format!("must divide depformer_dim {}", self.depformer.dim),
+            ));
         }
         if self.dep_q > self.n_q {
             return Err(bad("dep_q", format!("must not exceed n_q {}", self.n_q)));
         }
         if self.delays.len() != self.n_q + 1 {
-            return Err(bad("delays", format!("expected n_q + 1 = {} entries, got {}", self.n_q + 1, self.delays.len())));
+            return Err(bad(
+                "delays",
+                format!(
+                    "expected n_q + 1 = {} entries, got {}",
+                    self.n_q + 1,
+                    self.delays.len()
+                ),
+            ));
         }
         if self.gating != Gating::Silu || self.depformer.gating != Gating::Silu {
-            return Err(bad("gating", "the LM and its depformer must use `silu` gating"));
+            return Err(bad(
+                "gating",
+                "the LM and its depformer must use `silu` gating",
+            ));
         }
         if !matches!(self.norm, NormKind::RmsNormF32 | NormKind::RmsNorm) {
             return Err(bad("norm", "the LM must use an RMS norm"));
@@ -605,14 +659,23 @@ impl LmConfig {
         }
         if let Some(s) = &self.depformer.weights_per_step_schedule {
             if !self.depformer.weights_per_step {
-                return Err(bad("depformer_weights_per_step_schedule", "needs depformer_weights_per_step"));
+                return Err(bad(
+                    "depformer_weights_per_step_schedule",
+                    "needs depformer_weights_per_step",
+                ));
             }
             if s.len() != self.dep_q {
-                return Err(bad("depformer_weights_per_step_schedule", format!("expected dep_q = {} entries", self.dep_q)));
+                return Err(bad(
+                    "depformer_weights_per_step_schedule",
+                    format!("expected dep_q = {} entries", self.dep_q),
+                ));
             }
             let sets = s.iter().max().copied().unwrap_or(0) + 1;
             if (0..sets).any(|i| !s.contains(&i)) {
-                return Err(bad("depformer_weights_per_step_schedule", "every weight set up to the largest must be used"));
+                return Err(bad(
+                    "depformer_weights_per_step_schedule",
+                    "every weight set up to the largest must be used",
+                ));
             }
         }
         if self.depformer.low_rank_embeddings == Some(0) {
@@ -620,12 +683,21 @@ impl LmConfig {
         }
         for name in &self.fuser_sum {
             if !self.conditioners.iter().any(|c| &c.name == name) {
-                return Err(bad("fuser.sum", format!("names `{name}`, which is not a conditioner")));
+                return Err(bad(
+                    "fuser.sum",
+                    format!("names `{name}`, which is not a conditioner"),
+                ));
             }
         }
         for c in &self.conditioners {
             if !self.fuser_sum.contains(&c.name) {
-                return Err(bad("fuser", format!("conditioner `{}` is not summed; only `sum` fusion is supported", c.name)));
+                return Err(bad(
+                    "fuser",
+                    format!(
+                        "conditioner `{}` is not summed; only `sum` fusion is supported",
+                        c.name
+                    ),
+                ));
             }
         }
         Ok(())
@@ -648,12 +720,15 @@ impl LmConfig {
 
     /// Feed-forward hidden width of the temporal transformer.
     pub fn ffn_hidden(&self) -> usize {
-        self.gating.hidden_dim((self.hidden_scale * self.dim as f64) as usize)
+        self.gating
+            .hidden_dim((self.hidden_scale * self.dim as f64) as usize)
     }
 
     /// Feed-forward hidden width of the depformer.
     pub fn depformer_ffn_hidden(&self) -> usize {
-        self.depformer.gating.hidden_dim(self.depformer.dim_feedforward)
+        self.depformer
+            .gating
+            .hidden_dim(self.depformer.dim_feedforward)
     }
 
     /// Bytes of KV cache per stream for the temporal transformer at full
@@ -691,7 +766,10 @@ fn parse_lut(name: &str, spec: &Value, lm_dim: usize) -> Result<LutConditionerCo
     let mut r = Reader::new(&prefix, obj(spec, &prefix)?);
     let kind = r.str_or("type", "")?;
     if kind != "lut" {
-        return Err(bad(&format!("{prefix}.type"), format!("only `lut` conditioners are supported, got `{kind}`")));
+        return Err(bad(
+            &format!("{prefix}.type"),
+            format!("only `lut` conditioners are supported, got `{kind}`"),
+        ));
     }
     let lut_key = format!("{prefix}.lut");
     let lut = r.req("lut")?;
@@ -708,14 +786,24 @@ fn parse_lut(name: &str, spec: &Value, lm_dim: usize) -> Result<LutConditionerCo
         .as_array()
         .ok_or_else(|| bad(&pv_key, "expected a list of strings"))?
         .iter()
-        .map(|x| x.as_str().map(str::to_string).ok_or_else(|| bad(&pv_key, "expected a list of strings")))
+        .map(|x| {
+            x.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(&pv_key, "expected a list of strings"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     l.finish()?;
     if possible_values.is_empty() || possible_values.len() > n_bins {
-        return Err(bad(&pv_key, format!("needs between 1 and n_bins = {n_bins} values")));
+        return Err(bad(
+            &pv_key,
+            format!("needs between 1 and n_bins = {n_bins} values"),
+        ));
     }
     if output_dim != lm_dim {
-        return Err(bad(&format!("{lut_key}.output_dim"), format!("must equal the LM dim {lm_dim}")));
+        return Err(bad(
+            &format!("{lut_key}.output_dim"),
+            format!("must equal the LM dim {lm_dim}"),
+        ));
     }
     Ok(LutConditionerConfig {
         name: name.to_string(),
@@ -838,7 +926,9 @@ impl MimiConfig {
             kernel_size: s.usize("kernel_size")?,
             residual_kernel_size: s.usize("residual_kernel_size")?,
             last_kernel_size: s.usize("last_kernel_size")?,
-            ratios: s.usize_list("ratios")?.ok_or_else(|| ConfigError::MissingKey("seanet.ratios".into()))?,
+            ratios: s
+                .usize_list("ratios")?
+                .ok_or_else(|| ConfigError::MissingKey("seanet.ratios".into()))?,
             true_skip: s.bool_or("true_skip", true)?,
         };
         s.expect("causal", |v| v.as_bool() == Some(true), "true")?;
@@ -878,12 +968,19 @@ impl MimiConfig {
         t.expect("causal", |v| v.as_bool() == Some(true), "true")?;
         t.expect("conv_layout", |v| v.as_bool() == Some(true), "true")?;
         t.expect("gating", |v| v.as_str() == Some("none"), "`none`")?;
-        t.expect("positional_embedding", |v| v.as_str() == Some("rope"), "`rope`")?;
+        t.expect(
+            "positional_embedding",
+            |v| v.as_str() == Some("rope"),
+            "`rope`",
+        )?;
         let d = transformer.d_model as u64;
         t.expect("input_dimension", |v| v.as_u64() == Some(d), "d_model")?;
         t.expect(
             "output_dimensions",
-            |v| v.as_array().is_some_and(|a| a.len() == 1 && a[0].as_u64() == Some(d)),
+            |v| {
+                v.as_array()
+                    .is_some_and(|a| a.len() == 1 && a[0].as_u64() == Some(d))
+            },
             "[d_model]",
         )?;
         t.finish()?;
@@ -906,33 +1003,58 @@ impl MimiConfig {
             return Err(bad("channels", "only mono (1) is supported"));
         }
         if self.seanet.ratios.is_empty() || self.seanet.ratios.contains(&0) {
-            return Err(bad("seanet.ratios", "must be a non-empty list of positive ratios"));
+            return Err(bad(
+                "seanet.ratios",
+                "must be a non-empty list of positive ratios",
+            ));
         }
         if self.seanet.compress == 0 || self.seanet.n_filters == 0 || self.seanet.dimension == 0 {
-            return Err(bad("seanet", "compress, n_filters and dimension must be positive"));
+            return Err(bad(
+                "seanet",
+                "compress, n_filters and dimension must be positive",
+            ));
         }
         let t = &self.transformer;
-        if t.num_heads == 0 || t.d_model % t.num_heads != 0 || (t.d_model / t.num_heads) % 2 != 0 {
-            return Err(bad("transformer.num_heads", "must divide d_model into even head widths"));
+        if t.num_heads == 0
+            || !t.d_model.is_multiple_of(t.num_heads)
+            || !(t.d_model / t.num_heads).is_multiple_of(2)
+        {
+            return Err(bad(
+                "transformer.num_heads",
+                "must divide d_model into even head widths",
+            ));
         }
         if t.d_model != self.seanet.dimension {
             return Err(bad("transformer.d_model", "must equal seanet.dimension"));
         }
         if t.norm != NormKind::LayerNorm {
-            return Err(bad("transformer.norm", "Mimi's transformers use `layer_norm`"));
+            return Err(bad(
+                "transformer.norm",
+                "Mimi's transformers use `layer_norm`",
+            ));
         }
         let q = &self.quantizer;
         if q.n_q < 2 || q.bins == 0 || q.dimension == 0 {
-            return Err(bad("quantizer", "needs n_q ≥ 2 (split RVQ), bins and dimension positive"));
+            return Err(bad(
+                "quantizer",
+                "needs n_q ≥ 2 (split RVQ), bins and dimension positive",
+            ));
         }
-        if q.input_dimension != self.seanet.dimension || q.output_dimension != self.seanet.dimension {
-            return Err(bad("quantizer.input_dimension", "must equal seanet.dimension"));
+        if q.input_dimension != self.seanet.dimension || q.output_dimension != self.seanet.dimension
+        {
+            return Err(bad(
+                "quantizer.input_dimension",
+                "must equal seanet.dimension",
+            ));
         }
         let hop = self.seanet.hop_length() as f64;
         let enc_rate = self.sample_rate as f64 / hop;
         let ratio = enc_rate / self.frame_rate;
         if (ratio - ratio.round()).abs() > 1e-9 || ratio.round() < 1.0 {
-            return Err(bad("frame_rate", format!("the encoder rate {enc_rate} Hz must be an integer multiple of it")));
+            return Err(bad(
+                "frame_rate",
+                format!("the encoder rate {enc_rate} Hz must be an integer multiple of it"),
+            ));
         }
         Ok(())
     }
@@ -973,7 +1095,9 @@ mod tests {
     use super::*;
 
     fn golden(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/golden")
+            .join(name)
     }
 
     #[test]

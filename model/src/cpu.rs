@@ -47,7 +47,10 @@ impl CpuModel {
         if dir.lm.dep_q != nq {
             return Err(DirError::Config(ConfigError::BadValue {
                 key: "dep_q".into(),
-                why: format!("generated and user codebooks must match for decoding ({} vs {nq})", dir.lm.dep_q),
+                why: format!(
+                    "generated and user codebooks must match for decoding ({} vs {nq})",
+                    dir.lm.dep_q
+                ),
             }));
         }
         let mut mw = Weights::open(&dir.mimi_weights)?;
@@ -136,8 +139,12 @@ impl StreamingModel for CpuModel {
         for s in 0..self.max_slots {
             self.encode_active[s] = batch.exec[s] && !batch.end_of_input[s];
         }
-        self.mimi
-            .encode_step(&mut self.mimi_state, &batch.input_pcm, &self.encode_active, &mut self.codes);
+        self.mimi.encode_step(
+            &mut self.mimi_state,
+            &batch.input_pcm,
+            &self.encode_active,
+            &mut self.codes,
+        );
         for s in 0..self.max_slots {
             if !batch.exec[s] {
                 continue;
@@ -152,7 +159,12 @@ impl StreamingModel for CpuModel {
                 user.copy_from_slice(&self.codes[s * nq..s * nq + n_user]);
             }
         }
-        self.lm.step(&mut self.lm_state, &self.user_codes, &batch.exec, &mut self.lm_out);
+        self.lm.step(
+            &mut self.lm_state,
+            &self.user_codes,
+            &batch.exec,
+            &mut self.lm_out,
+        );
         for s in 0..self.max_slots {
             batch.fault[s] = None;
             let ready = batch.exec[s] && self.lm_out.tokens(s).is_some();
@@ -166,10 +178,18 @@ impl StreamingModel for CpuModel {
                 batch.audio_codes[s * n..(s + 1) * n].copy_from_slice(&audio[..n]);
             }
         }
-        self.mimi
-            .decode_step(&mut self.mimi_state, &self.gen_codes, &self.decode_active, &mut batch.output_pcm);
+        self.mimi.decode_step(
+            &mut self.mimi_state,
+            &self.gen_codes,
+            &self.decode_active,
+            &mut batch.output_pcm,
+        );
         for s in 0..self.max_slots {
-            if batch.has_output[s] && !batch.output_pcm[s * fs..(s + 1) * fs].iter().all(|x| x.is_finite()) {
+            if batch.has_output[s]
+                && !batch.output_pcm[s * fs..(s + 1) * fs]
+                    .iter()
+                    .all(|x| x.is_finite())
+            {
                 batch.fault[s] = Some(SlotFault::NonFinite);
                 batch.has_output[s] = false;
             }

@@ -118,7 +118,10 @@ fn random_values(spec: &TensorSpec, g: &mut Normal) -> Vec<f32> {
         gen(g, &|_, u| 0.5 + u)
     } else if name.ends_with("_codebook.embedding_sum") {
         gen(g, &|z, _| z)
-    } else if name.ends_with("alpha") || name.ends_with("norm1.weight") || name.ends_with("norm2.weight") {
+    } else if name.ends_with("alpha")
+        || name.ends_with("norm1.weight")
+        || name.ends_with("norm2.weight")
+    {
         gen(g, &|z, _| 1.0 + 0.1 * z)
     } else if name.ends_with("scale") {
         gen(g, &|z, _| 0.1 + 0.05 * z)
@@ -135,7 +138,10 @@ fn write_weights(path: &Path, specs: &[TensorSpec], seed: u64) -> std::io::Resul
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = specs
         .iter()
         .map(|s| {
-            let bytes = random_values(s, &mut g).iter().flat_map(|x| x.to_le_bytes()).collect();
+            let bytes = random_values(s, &mut g)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
             (s.name.clone(), s.shape.clone(), bytes)
         })
         .collect();
@@ -144,7 +150,8 @@ fn write_weights(path: &Path, specs: &[TensorSpec], seed: u64) -> std::io::Resul
         .map(|(n, shape, b)| TensorView::new(Dtype::F32, shape.clone(), b).map(|v| (n.clone(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    safetensors::serialize_to_file(views, None, path).map_err(|e| std::io::Error::other(e.to_string()))
+    safetensors::serialize_to_file(views, None, path)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// The demo's text pieces: the four control pieces, then short syllables.
@@ -159,9 +166,21 @@ fn demo_pieces() -> PieceTable {
     let vowels = ["a", "e", "i", "o"];
     let mut i = 0;
     while pieces.len() < DEMO_TEXT_CARD {
-        let syl = format!("{}{}", onsets[i % onsets.len()], vowels[(i / onsets.len()) % vowels.len()]);
-        let piece = if i / (onsets.len() * vowels.len()) % 2 == 0 { format!("▁{syl}") } else { syl };
-        let piece = if i >= 2 * onsets.len() * vowels.len() { format!("{piece}{}", i / 64) } else { piece };
+        let syl = format!(
+            "{}{}",
+            onsets[i % onsets.len()],
+            vowels[(i / onsets.len()) % vowels.len()]
+        );
+        let piece = if (i / (onsets.len() * vowels.len())).is_multiple_of(2) {
+            format!("▁{syl}")
+        } else {
+            syl
+        };
+        let piece = if i >= 2 * onsets.len() * vowels.len() {
+            format!("{piece}{}", i / 64)
+        } else {
+            piece
+        };
         pieces.push((piece, -(i as f32) / 10.0, PieceKind::Normal));
         i += 1;
     }
@@ -187,12 +206,18 @@ pub fn write_demo(dir: &Path, seed: u64) -> Result<(), DirError> {
     ));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io)?;
-    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("JSON values serialise");
+    let pretty =
+        |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("JSON values serialise");
     std::fs::write(tmp.join("config.json"), pretty(&lm_json)).map_err(io)?;
     std::fs::write(tmp.join("mimi_config.json"), pretty(&mimi_json)).map_err(io)?;
     std::fs::write(tmp.join("tokenizer.model"), demo_pieces().to_model_bytes()).map_err(io)?;
     write_weights(&tmp.join("model.safetensors"), &Lm::tensor_specs(&lm), seed).map_err(io)?;
-    write_weights(&tmp.join("mimi.safetensors"), &Mimi::tensor_specs(&mimi), seed ^ 0x6d69_6d69).map_err(io)?;
+    write_weights(
+        &tmp.join("mimi.safetensors"),
+        &Mimi::tensor_specs(&mimi),
+        seed ^ 0x6d69_6d69,
+    )
+    .map_err(io)?;
     std::fs::write(tmp.join("README"), DEMO_README).map_err(io)?;
     let _ = std::fs::remove_dir_all(dir);
     std::fs::rename(&tmp, dir).map_err(io)?;
@@ -232,7 +257,13 @@ mod tests {
         let b = tempfile::tempdir().unwrap();
         write_demo(&a.path().join("d"), 7).unwrap();
         write_demo(&b.path().join("d"), 7).unwrap();
-        for f in ["config.json", "mimi_config.json", "tokenizer.model", "model.safetensors", "mimi.safetensors"] {
+        for f in [
+            "config.json",
+            "mimi_config.json",
+            "tokenizer.model",
+            "model.safetensors",
+            "mimi.safetensors",
+        ] {
             let x = std::fs::read(a.path().join("d").join(f)).unwrap();
             let y = std::fs::read(b.path().join("d").join(f)).unwrap();
             assert!(x == y, "{f} differs between two writes with one seed");

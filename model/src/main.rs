@@ -39,7 +39,10 @@ fn main() -> ExitCode {
         Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
         Command::WriteDemo { dir, seed } => match moshid_model::demo::write_demo(&dir, seed) {
             Ok(()) => {
-                println!("wrote the demo checkpoint (random weights) to {}", dir.display());
+                println!(
+                    "wrote the demo checkpoint (random weights) to {}",
+                    dir.display()
+                );
                 let _ = CheckpointDir::open(&dir);
                 ExitCode::SUCCESS
             }

@@ -147,7 +147,11 @@ pub trait StreamingModel: Send {
 
     /// A batch shaped for this model.
     fn new_batch(&self) -> Batch {
-        Batch::new(self.max_slots(), self.frame_samples(), self.audio_codebooks())
+        Batch::new(
+            self.max_slots(),
+            self.frame_samples(),
+            self.audio_codebooks(),
+        )
     }
 
     /// Makes a slot as good as new for a new session.

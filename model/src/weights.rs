@@ -215,7 +215,9 @@ impl Checkpoint {
 
     /// Split-scheme names and shapes of every tensor in the file.
     pub fn tensors(&self) -> impl Iterator<Item = (&str, &[usize])> {
-        self.entries.iter().map(|(k, e)| (k.as_str(), e.shape.as_slice()))
+        self.entries
+            .iter()
+            .map(|(k, e)| (k.as_str(), e.shape.as_slice()))
     }
 
     /// Checks names, shapes and dtypes against what a configuration needs,
@@ -230,7 +232,11 @@ impl Checkpoint {
             let e = self.entry(&s.name, &s.shape)?;
             params += e.shape.iter().product::<usize>();
         }
-        if let Some(name) = self.entries.keys().find(|k| !wanted.contains_key(k.as_str())) {
+        if let Some(name) = self
+            .entries
+            .keys()
+            .find(|k| !wanted.contains_key(k.as_str()))
+        {
             return Err(CheckpointError::Extra {
                 path: self.path.clone(),
                 name: name.clone(),
@@ -240,10 +246,13 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry, CheckpointError> {
-        let e = self.entries.get(name).ok_or_else(|| CheckpointError::Missing {
-            path: self.path.clone(),
-            name: name.to_string(),
-        })?;
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| CheckpointError::Missing {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })?;
         if e.shape != shape {
             return Err(CheckpointError::Shape {
                 path: self.path.clone(),
@@ -321,8 +330,14 @@ impl Weights {
 
     /// Ends loading: every tensor in the file must have been taken.
     pub fn finish(self) -> Result<(), CheckpointError> {
-        let taken: std::collections::HashSet<&str> = self.taken.iter().map(String::as_str).collect();
-        match self.ckpt.entries.keys().find(|k| !taken.contains(k.as_str())) {
+        let taken: std::collections::HashSet<&str> =
+            self.taken.iter().map(String::as_str).collect();
+        match self
+            .ckpt
+            .entries
+            .keys()
+            .find(|k| !taken.contains(k.as_str()))
+        {
             Some(name) => Err(CheckpointError::Extra {
                 path: self.ckpt.path.clone(),
                 name: name.clone(),
@@ -359,15 +374,37 @@ mod tests {
         write(
             &p,
             &[
-                ("l.self_attn.in_proj_weight", Dtype::F32, vec![12, 2], f32_bytes(&inp)),
-                ("l.self_attn.out_proj.weight", Dtype::F32, vec![4, 2], f32_bytes(&out)),
+                (
+                    "l.self_attn.in_proj_weight",
+                    Dtype::F32,
+                    vec![12, 2],
+                    f32_bytes(&inp),
+                ),
+                (
+                    "l.self_attn.out_proj.weight",
+                    Dtype::F32,
+                    vec![4, 2],
+                    f32_bytes(&out),
+                ),
             ],
         );
         let mut w = Weights::open(&p).unwrap();
-        assert_eq!(w.take("l.self_attn.in_projs.1.weight", &[6, 2]).unwrap(), inp[12..].to_vec());
-        assert_eq!(w.take("l.self_attn.in_projs.0.weight", &[6, 2]).unwrap(), inp[..12].to_vec());
-        assert_eq!(w.take("l.self_attn.out_projs.1.weight", &[2, 2]).unwrap(), out[4..].to_vec());
-        let e = w.take("l.self_attn.out_projs.0.weight", &[3, 2]).unwrap_err().to_string();
+        assert_eq!(
+            w.take("l.self_attn.in_projs.1.weight", &[6, 2]).unwrap(),
+            inp[12..].to_vec()
+        );
+        assert_eq!(
+            w.take("l.self_attn.in_projs.0.weight", &[6, 2]).unwrap(),
+            inp[..12].to_vec()
+        );
+        assert_eq!(
+            w.take("l.self_attn.out_projs.1.weight", &[2, 2]).unwrap(),
+            out[4..].to_vec()
+        );
+        let e = w
+            .take("l.self_attn.out_projs.0.weight", &[3, 2])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("out_projs.0") && e.contains("[2, 2]"), "{e}");
         let e = w.finish().unwrap_err().to_string();
         assert!(e.contains("out_projs.0"), "{e}");
@@ -378,7 +415,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("w.safetensors");
         let vals = [1.5f32, -2.0, 0.25];
-        let bf: Vec<u8> = vals.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+        let bf: Vec<u8> = vals
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect();
         write(
             &p,
             &[
@@ -393,7 +433,10 @@ mod tests {
         let e = w.take("ints", &[1]).unwrap_err().to_string();
         assert!(e.contains("`ints`") && e.contains("I64"), "{e}");
         let ck = w.checkpoint();
-        let e = ck.validate(&[TensorSpec::new("a", &[3])]).unwrap_err().to_string();
+        let e = ck
+            .validate(&[TensorSpec::new("a", &[3])])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unexpected tensor `ints`"), "{e}");
     }
 
@@ -402,6 +445,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("w.safetensors");
         std::fs::write(&p, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
-        assert!(matches!(Weights::open(&p), Err(CheckpointError::Format { .. })));
+        assert!(matches!(
+            Weights::open(&p),
+            Err(CheckpointError::Format { .. })
+        ));
     }
 }

@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 /// a golden run over no fixture would prove nothing.
 pub fn fixture_dirs(marker: &str) -> Vec<PathBuf> {
     if let Ok(v) = std::env::var("MOSHID_GOLDEN") {
-        let dirs: Vec<PathBuf> = v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+        let dirs: Vec<PathBuf> = v
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
         assert!(!dirs.is_empty(), "MOSHID_GOLDEN is set but names no folder");
         return dirs;
     }

@@ -17,9 +17,7 @@ use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use moshid::codec::{
-    DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES,
-};
+use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES};
 use serde_json::Value;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
@@ -468,7 +466,10 @@ pub fn ogg_pages(bytes: &[u8]) -> Vec<(u64, u32)> {
         let granule = u64::from_le_bytes(bytes[at + 6..at + 14].try_into().unwrap());
         let seq = u32::from_le_bytes(bytes[at + 18..at + 22].try_into().unwrap());
         let nseg = bytes[at + 26] as usize;
-        let body: usize = bytes[at + 27..at + 27 + nseg].iter().map(|&b| b as usize).sum();
+        let body: usize = bytes[at + 27..at + 27 + nseg]
+            .iter()
+            .map(|&b| b as usize)
+            .sum();
         pages.push((granule, seq));
         at += 27 + nseg + body;
     }
@@ -577,7 +578,9 @@ impl ChatClient {
             Some(m) if m.first() == Some(&kind::ERROR) => {
                 // Let the close handshake finish, bounded.
                 let _ = next_binary(&mut ws);
-                Err(NotStarted::Refused(String::from_utf8_lossy(&m[1..]).into_owned()))
+                Err(NotStarted::Refused(
+                    String::from_utf8_lossy(&m[1..]).into_owned(),
+                ))
             }
             Some(m) => Err(NotStarted::Unexpected(m)),
             None => Err(NotStarted::Closed),
@@ -728,9 +731,12 @@ impl ChatClient {
                 self.log.kinds.push(k);
                 match k {
                     kind::AUDIO => {
-                        self.decoder.push_bytes(payload).expect("decoding server audio");
+                        self.decoder
+                            .push_bytes(payload)
+                            .expect("decoding server audio");
                         let mut pcm = Vec::new();
-                        while let Some(p) = self.decoder.next_pcm().expect("decoding server audio") {
+                        while let Some(p) = self.decoder.next_pcm().expect("decoding server audio")
+                        {
                             pcm.extend_from_slice(p);
                         }
                         self.log.audio_payloads.push(payload.to_vec());

@@ -107,6 +107,9 @@ pub struct EngineShared {
     pub routed_per_core: Vec<AtomicU64>,
     /// Close records each I/O core still has to deliver.
     pub pending_closes_per_core: Vec<AtomicU64>,
+    /// The stage-metrics switch and every thread's stage counters (off
+    /// until the runtime applies `metrics.enabled`).
+    pub metrics: crate::metrics::Registry,
 }
 
 impl EngineShared {
@@ -124,6 +127,7 @@ impl EngineShared {
             open_slots: AtomicU64::new(0),
             routed_per_core: (0..io_cores).map(|_| AtomicU64::new(0)).collect(),
             pending_closes_per_core: (0..io_cores).map(|_| AtomicU64::new(0)).collect(),
+            metrics: crate::metrics::Registry::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! previous session's frames.
 
 use crate::FRAME_SAMPLES;
+use std::time::Instant;
 
 /// What an I/O core asks of the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,6 +32,9 @@ pub struct ToEngine {
     pub slot: u32,
     /// The slot's generation (bumped at each admission).
     pub generation: u32,
+    /// When the frame was pushed, set only while stage metrics are on (the
+    /// engine's `frame_wait` sample); `None` costs no clock read.
+    pub pushed_at: Option<Instant>,
     /// 24 kHz mono samples (meaningful for `Frame`).
     pub pcm: [f32; FRAME_SAMPLES],
 }
@@ -41,6 +45,7 @@ impl Default for ToEngine {
             kind: ToEngineKind::Open,
             slot: 0,
             generation: 0,
+            pushed_at: None,
             pcm: [0.0; FRAME_SAMPLES],
         }
     }

@@ -12,9 +12,15 @@
 //!   (`Output`, `NoOutputYet`, `Dropped` or `Fault`), so sessions can count
 //!   their frames in flight.
 //! * Nothing here allocates after [`Engine::new`].
+//! * Stage metrics: the switch is read once per tick; when it is off no
+//!   clock is read for them and nothing is recorded. A frame's push stamp
+//!   (set by its core only while metrics are on) travels with it into the
+//!   slot queue and becomes its `frame_wait` sample when it is taken into a
+//!   batch.
 
 use super::records::{FromEngine, FromEngineKind, ToEngine, ToEngineKind};
 use super::{CoreLink, EngineShared};
+use crate::metrics::{Owner, Stage, StageRecorder};
 use crate::FRAME_SAMPLES;
 use moshid_model::streaming::{Batch, SessionParams, StreamingModel};
 use std::sync::atomic::Ordering;
@@ -47,6 +53,11 @@ pub struct Engine {
     /// Queued input frames: `max_slots × queue_depth × FRAME_SAMPLES`.
     queue: Vec<f32>,
     queue_depth: usize,
+    /// Push stamp of each queued frame (`max_slots × queue_depth`; `None`
+    /// when metrics were off at push).
+    queue_stamps: Vec<Option<Instant>>,
+    /// This thread's stage metrics (single writer).
+    stages: StageRecorder,
     /// Scratch record for outputs.
     out: FromEngine,
     /// Which cores got records this tick.
@@ -67,6 +78,7 @@ impl Engine {
         let max_slots = model.max_slots();
         let batch = model.new_batch();
         let cores = links.len();
+        let stages = shared.metrics.register(Owner::Engine, shared.phase_groups, max_slots);
         Engine {
             model,
             batch,
@@ -75,6 +87,8 @@ impl Engine {
             slots: vec![EngineSlot::default(); max_slots],
             queue: vec![0.0; max_slots * queue_depth * FRAME_SAMPLES],
             queue_depth,
+            queue_stamps: vec![None; max_slots * queue_depth],
+            stages,
             out: FromEngine::default(),
             touched: vec![false; cores],
             warmup_steps,
@@ -122,12 +136,16 @@ impl Engine {
         let start = Instant::now();
         let mut tick: u64 = 0;
         while !self.shared.stop.load(Ordering::Acquire) {
+            let metrics_on = self.shared.metrics.enabled();
             let deadline = start + period.mul_f64(tick as f64);
             let now = Instant::now();
             if now < deadline {
                 std::thread::sleep(deadline - now);
             } else if now - deadline > period {
                 self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
+                if metrics_on {
+                    self.stages.late_tick();
+                }
                 let behind = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
                 // Keep the group rotation: jump to the next tick of the same phase.
                 tick += (behind - tick) / groups * groups;
@@ -135,10 +153,10 @@ impl Engine {
             if let Some(hook) = self.on_tick.as_mut() {
                 hook(Instant::now());
             }
-            self.tick((tick % groups) as u8);
+            self.tick_with((tick % groups) as u8, metrics_on);
             tick += 1;
         }
-        self.drain_lanes();
+        self.drain_lanes(false);
         for link in &self.links {
             link.doorbell.close();
         }
@@ -148,19 +166,30 @@ impl Engine {
     /// their outputs. [`Engine::run`] calls it on schedule; benches call it
     /// directly.
     pub fn tick(&mut self, group: u8) {
-        self.drain_lanes();
-        self.step_group(group);
+        let metrics_on = self.shared.metrics.enabled();
+        self.tick_with(group, metrics_on);
     }
 
-    /// Moves every record out of the lanes: opens, frames into slot queues, closes.
-    fn drain_lanes(&mut self) {
+    /// One tick with the metrics switch as read at its start.
+    fn tick_with(&mut self, group: u8, metrics_on: bool) {
+        self.drain_lanes(metrics_on);
+        self.step_group(group, metrics_on);
+    }
+
+    /// Moves every record out of the lanes: opens, frames into slot queues
+    /// (with their push stamps), closes.
+    fn drain_lanes(&mut self, metrics_on: bool) {
         for core in 0..self.links.len() {
             loop {
                 // One record at a time: the handlers below need `&mut self`.
                 let mut rec_kind = None;
                 let queue_depth = self.queue_depth;
                 let Engine {
-                    links, slots, queue, ..
+                    links,
+                    slots,
+                    queue,
+                    queue_stamps,
+                    ..
                 } = self;
                 let popped = links[core].from_core.pop_with(|rec: &ToEngine| {
                     rec_kind = Some((rec.kind, rec.slot, rec.generation));
@@ -171,6 +200,7 @@ impl Engine {
                                 let idx = (slot.queue_head + slot.queue_len) % queue_depth;
                                 let at = (s * queue_depth + idx) * FRAME_SAMPLES;
                                 queue[at..at + FRAME_SAMPLES].copy_from_slice(&rec.pcm);
+                                queue_stamps[s * queue_depth + idx] = rec.pushed_at;
                                 slot.queue_len += 1;
                                 return true;
                             }
@@ -183,7 +213,7 @@ impl Engine {
                 match kind {
                     ToEngineKind::Open => self.open_slot(core, slot, generation),
                     ToEngineKind::Close => self.close_slot(slot, generation),
-                    ToEngineKind::Frame if !queued => self.reject_frame(core, slot, generation),
+                    ToEngineKind::Frame if !queued => self.reject_frame(core, slot, generation, metrics_on),
                     ToEngineKind::Frame => {}
                 }
             }
@@ -232,16 +262,21 @@ impl Engine {
     }
 
     /// A frame for a slot that is full (or stale): tell the session it was dropped.
-    fn reject_frame(&mut self, core: usize, slot: u32, generation: u32) {
+    fn reject_frame(&mut self, core: usize, slot: u32, generation: u32, metrics_on: bool) {
         let s = slot as usize;
         if self.slots.get(s).is_some_and(|st| st.open && st.generation == generation) {
             self.shared.stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
+            if metrics_on {
+                self.stages.dropped_frame();
+            }
             self.send(core, FromEngineKind::Dropped, slot, generation, 0, None);
         }
     }
 
     /// Steps every open slot of `group` that has a frame queued.
-    fn step_group(&mut self, group: u8) {
+    fn step_group(&mut self, group: u8, metrics_on: bool) {
+        // Metrics on: the moment the frames are taken into the batch.
+        let fill_start = if metrics_on { Some(Instant::now()) } else { None };
         let mut count = 0u64;
         for (s, st) in self.slots.iter_mut().enumerate() {
             let run = st.open && st.group == group && st.queue_len > 0;
@@ -250,6 +285,11 @@ impl Engine {
                 let at = (s * self.queue_depth + st.queue_head) * FRAME_SAMPLES;
                 self.batch.input_pcm[s * FRAME_SAMPLES..(s + 1) * FRAME_SAMPLES]
                     .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
+                if let Some(taken) = fill_start {
+                    if let Some(pushed) = self.queue_stamps[s * self.queue_depth + st.queue_head] {
+                        self.stages.record(Stage::FrameWait, taken.saturating_duration_since(pushed));
+                    }
+                }
                 st.queue_head = (st.queue_head + 1) % self.queue_depth;
                 st.queue_len -= 1;
                 count += 1;
@@ -259,8 +299,16 @@ impl Engine {
             return;
         }
         let t = Instant::now();
+        if let Some(fill_start) = fill_start {
+            self.stages.record(Stage::BatchFill, t.saturating_duration_since(fill_start));
+        }
         let whole_batch_failed = self.model.step(&mut self.batch).is_err();
-        let micros = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        let step_time = t.elapsed();
+        if metrics_on {
+            self.stages.model_step(group as usize, count as usize, step_time);
+            self.stages.frames(count);
+        }
+        let micros = step_time.as_micros().min(u32::MAX as u128) as u32;
         self.shared.step_times.observe(count as usize, micros);
         let stats = &self.shared.stats;
         stats.steps.fetch_add(1, Ordering::Relaxed);

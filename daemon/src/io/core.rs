@@ -8,17 +8,25 @@
 //! allocation per frame. A session's route is removed when the session ends,
 //! and its close record is always delivered to the engine (retried while the
 //! lane is full), so a slot is never leaked.
+//!
+//! Stage metrics: the core's [`StageRecorder`] is written only by this
+//! executor's tasks (the counters are published to the engine's metrics
+//! registry when the context is made). Sessions read the switch once per
+//! message batch and pass a push stamp (`Some` only while on) with each
+//! frame; with metrics off nothing here reads a clock or records anything.
 
 use super::mailbox::Mailbox;
 use crate::engine::admission::{Refusal, Ticket};
 use crate::engine::records::{FromEngine, ToEngine, ToEngineKind};
 use crate::engine::{CorePort, EngineShared};
+use crate::metrics::{Owner, StageRecorder};
 use crate::FRAME_SAMPLES;
 use moshid_model::streaming::SessionParams;
 use moshid_ringbuf::PushError;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Per-core counters of session traffic (always on: correctness, not metrics).
 #[derive(Debug, Default)]
@@ -55,12 +63,15 @@ pub struct CoreContext {
     pub counters: CoreCounters,
     /// Sessions currently routed here.
     pub live_sessions: Cell<usize>,
+    /// This core's stage metrics (written by this executor only).
+    pub stages: StageRecorder,
 }
 
 impl CoreContext {
     /// A context over this core's lanes.
     pub fn new(core: usize, port: CorePort, engine: Arc<EngineShared>) -> Rc<Self> {
         let max_slots = engine.max_slots;
+        let stages = engine.metrics.register(Owner::Core(core), engine.phase_groups, max_slots);
         Rc::new(CoreContext {
             core,
             port: RefCell::new(port),
@@ -70,19 +81,38 @@ impl CoreContext {
             scratch: RefCell::new(Box::default()),
             counters: CoreCounters::default(),
             live_sessions: Cell::new(0),
+            stages,
         })
+    }
+
+    /// Whether stage metrics are on (read once per message batch).
+    #[inline]
+    pub fn metrics_on(&self) -> bool {
+        self.engine.metrics.enabled()
     }
 
     /// Admits a session: reserves a slot, routes it here and asks the engine
     /// to open it. `mailbox_frames` bounds the records the mailbox holds.
     pub fn admit(&self, params: SessionParams, mailbox_frames: usize) -> Result<(Ticket, Rc<Mailbox>), Refusal> {
-        let ticket = self
+        let admitted = self
             .engine
             .admission()
-            .admit(params, &self.engine.step_times, self.engine.budget_ms)?;
-        if self.push(ToEngineKind::Open, ticket.slot, ticket.generation, None).is_err() {
+            .admit(params, &self.engine.step_times, self.engine.budget_ms);
+        let ticket = match admitted {
+            Ok(t) => t,
+            Err(refusal) => {
+                if self.metrics_on() {
+                    self.stages.refused_session();
+                }
+                return Err(refusal);
+            }
+        };
+        if self.push(ToEngineKind::Open, ticket.slot, ticket.generation, None, None).is_err() {
             // The engine never saw this admission: hand the slot straight back.
             self.engine.admission().release(ticket.slot, ticket.generation);
+            if self.metrics_on() {
+                self.stages.refused_session();
+            }
             return Err(Refusal::NotAccepting);
         }
         let mailbox = Rc::new(Mailbox::new(mailbox_frames));
@@ -96,11 +126,31 @@ impl CoreContext {
         Ok((ticket, mailbox))
     }
 
-    /// Sends one input frame of a session to the engine.
+    /// Sends one input frame of a session to the engine (reads the metrics
+    /// switch itself; a session that has read it for its message batch
+    /// calls [`CoreContext::send_frame_at`]).
     pub fn send_frame(&self, ticket: Ticket, pcm: &[f32; FRAME_SAMPLES]) -> Result<(), PushError> {
-        let r = self.push(ToEngineKind::Frame, ticket.slot, ticket.generation, Some(pcm));
+        self.send_frame_at(ticket, pcm, self.engine.metrics.stamp())
+    }
+
+    /// Sends one input frame with its push stamp: `Some(now)` while stage
+    /// metrics are on (the engine turns it into a `frame_wait` sample and
+    /// the frame is counted here), `None` when off (nothing recorded).
+    pub fn send_frame_at(
+        &self,
+        ticket: Ticket,
+        pcm: &[f32; FRAME_SAMPLES],
+        pushed_at: Option<Instant>,
+    ) -> Result<(), PushError> {
+        let r = self.push(ToEngineKind::Frame, ticket.slot, ticket.generation, Some(pcm), pushed_at);
         if r.is_err() {
             self.counters.lane_full_frames.set(self.counters.lane_full_frames.get() + 1);
+        }
+        if pushed_at.is_some() {
+            match r {
+                Ok(()) => self.stages.frames(1),
+                Err(_) => self.stages.dropped_frame(),
+            }
         }
         r
     }
@@ -116,7 +166,7 @@ impl CoreContext {
                 self.counters.sessions_ended.set(self.counters.sessions_ended.get() + 1);
             }
         }
-        if self.push(ToEngineKind::Close, ticket.slot, ticket.generation, None).is_err() {
+        if self.push(ToEngineKind::Close, ticket.slot, ticket.generation, None, None).is_err() {
             self.pending_closes.borrow_mut().push((ticket.slot, ticket.generation));
         }
         self.publish();
@@ -137,7 +187,7 @@ impl CoreContext {
         {
             let mut pending = self.pending_closes.borrow_mut();
             while let Some(&(slot, generation)) = pending.last() {
-                if self.push(ToEngineKind::Close, slot, generation, None).is_err() {
+                if self.push(ToEngineKind::Close, slot, generation, None, None).is_err() {
                     break;
                 }
                 pending.pop();
@@ -151,11 +201,19 @@ impl CoreContext {
         self.pending_closes.borrow().len()
     }
 
-    fn push(&self, kind: ToEngineKind, slot: u32, generation: u32, pcm: Option<&[f32; FRAME_SAMPLES]>) -> Result<(), PushError> {
+    fn push(
+        &self,
+        kind: ToEngineKind,
+        slot: u32,
+        generation: u32,
+        pcm: Option<&[f32; FRAME_SAMPLES]>,
+        pushed_at: Option<Instant>,
+    ) -> Result<(), PushError> {
         let mut rec = self.scratch.borrow_mut();
         rec.kind = kind;
         rec.slot = slot;
         rec.generation = generation;
+        rec.pushed_at = pushed_at;
         if let Some(pcm) = pcm {
             rec.pcm.copy_from_slice(pcm);
         }

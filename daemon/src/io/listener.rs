@@ -11,7 +11,9 @@
 //! holds more entries than there are open connections; a request head must arrive within
 //! `listen.head_timeout_ms`; control endpoints other than `/health` and
 //! `/ready` need the bearer token when one is configured, compared in
-//! constant time.
+//! constant time. `GET /metrics` serves Prometheus text; `POST
+//! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
+//! at run time (unless `metrics.runtime_switch` is false).
 
 use super::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
@@ -268,8 +270,8 @@ async fn route(
     stream: &mut TcpStream,
     app: &CoreApp,
     head: &RequestHead,
-    _buf: &mut Vec<u8>,
-    _limits: &HeadLimits,
+    buf: &mut Vec<u8>,
+    limits: &HeadLimits,
 ) -> Result<Route, HttpError> {
     let engine = &app.ctx.engine;
     match (head.method.as_str(), head.path.as_str()) {
@@ -300,7 +302,45 @@ async fn route(
             http::write_json(stream, 200, &body).await?;
             Ok(Route::Done)
         }
-        (_, "/api/chat" | "/health" | "/ready" | "/capacity") => {
+        ("GET", "/metrics") => {
+            let text = crate::metrics::export::render(engine);
+            http::write_response(stream, 200, crate::metrics::export::CONTENT_TYPE, text.as_bytes(), &[]).await?;
+            Ok(Route::Done)
+        }
+        ("GET", "/admin/metrics") => {
+            let body = serde_json::json!({
+                "enabled": engine.metrics.enabled(),
+                "runtime_switch": app.shared.config.metrics.runtime_switch,
+            });
+            http::write_json(stream, 200, &body).await?;
+            Ok(Route::Done)
+        }
+        ("POST", "/admin/metrics") => {
+            if !app.shared.config.metrics.runtime_switch {
+                http::write_error(stream, 403, "metrics.runtime_switch is false in the configuration").await?;
+                return Ok(Route::Done);
+            }
+            let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
+            let body = http::deadline(timeout, http::read_body(stream, head, buf, limits)).await?;
+            let on = match crate::metrics::parse_switch_body(body) {
+                Ok(on) => on,
+                Err(why) => {
+                    http::write_error(stream, 400, &why).await?;
+                    return Ok(Route::Done);
+                }
+            };
+            let previous = engine.metrics.set_enabled(on);
+            if previous != on {
+                eprintln!(
+                    "<6>metrics: stage timings {} (POST /admin/metrics on core {})",
+                    if on { "on" } else { "off" },
+                    app.ctx.core
+                );
+            }
+            http::write_json(stream, 200, &serde_json::json!({ "enabled": on, "previous": previous })).await?;
+            Ok(Route::Done)
+        }
+        (_, "/api/chat" | "/health" | "/ready" | "/capacity" | "/metrics" | "/admin/metrics") => {
             http::write_error(stream, 405, "method not allowed").await?;
             Ok(Route::Done)
         }

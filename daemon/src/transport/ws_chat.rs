@@ -17,12 +17,19 @@
 //! * Whatever ends the session, its slot is released and its record logged;
 //!   a protocol error gets a 0x05 message and a close, and concerns only
 //!   this session.
+//! * Stage metrics (decode per audio message, encode and send per output
+//!   frame, the push stamp of each frame) are recorded into the core's
+//!   counters; the switch is read once per client message and once per
+//!   batch of engine outputs, and while it is off no clock is read for
+//!   them. The session keeps no metrics state: its own accounting is the
+//!   [`SessionRecord`], whatever the switch says.
 
 use crate::codec::{DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
+use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::FRAME_SAMPLES;
@@ -33,7 +40,7 @@ use async_tungstenite::WebSocketStream;
 use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
 use futures_util::SinkExt;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Message kinds of the protocol.
 pub mod kind {
@@ -255,21 +262,42 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         };
         match parse_client_message(&data) {
             ClientMessage::Empty => Some(EndReason::ProtocolError("empty message".into())),
-            ClientMessage::Audio(payload) => self.on_audio(payload).await,
+            ClientMessage::Audio(payload) => {
+                // Stage metrics: the switch is read once per message.
+                let metrics_on = self.app.ctx.metrics_on();
+                let mut decode_time = Duration::ZERO;
+                let end = self.on_audio(payload, metrics_on, &mut decode_time).await;
+                if metrics_on {
+                    self.app.ctx.stages.record(Stage::Decode, decode_time);
+                }
+                end
+            }
             // Accepted and ignored: handshake echoes, text, control, metadata, ping.
             ClientMessage::Ignored(_) => None,
         }
     }
 
-    /// Decodes audio bytes, cuts frames and sends them to the engine.
-    async fn on_audio(&mut self, payload: &[u8]) -> Option<EndReason> {
-        if let Err(e) = self.buf.decoder.push_bytes(payload) {
+    /// Decodes audio bytes, cuts frames and sends them to the engine. With
+    /// `metrics_on`, adds the time spent decoding to `decode_time` (waits for
+    /// the engine excluded) and stamps each frame as it is pushed.
+    async fn on_audio(&mut self, payload: &[u8], metrics_on: bool, decode_time: &mut Duration) -> Option<EndReason> {
+        let t = metrics_on.then(Instant::now);
+        let pushed = self.buf.decoder.push_bytes(payload);
+        if let Some(t) = t {
+            *decode_time += t.elapsed();
+        }
+        if let Err(e) = pushed {
             return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}")));
         }
         loop {
+            let t = metrics_on.then(Instant::now);
+            let next = self.buf.decoder.next_pcm();
+            if let Some(t) = t {
+                *decode_time += t.elapsed();
+            }
             // The cutter holds less than one frame here and has room for a
             // frame plus the longest packet, so it always takes a whole packet.
-            let whole_packet_taken = match self.buf.decoder.next_pcm() {
+            let whole_packet_taken = match next {
                 Ok(Some(pcm)) => self.buf.cutter.push(pcm) == pcm.len(),
                 Ok(None) => return None,
                 Err(e) => return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}"))),
@@ -293,7 +321,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                         return Some(reason);
                     }
                 }
-                match self.app.ctx.send_frame(self.ticket, &self.buf.frame) {
+                let pushed_at = metrics_on.then(Instant::now);
+                match self.app.ctx.send_frame_at(self.ticket, &self.buf.frame, pushed_at) {
                     Ok(()) => {
                         self.in_flight += 1;
                         self.rec.frames_in += 1;
@@ -305,7 +334,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     }
 
     /// Sends everything the engine has answered; `Some` ends the session.
+    /// With metrics on (read once per call), each output frame gives one
+    /// `encode` sample and one `send` sample (its feeds to the WebSocket; the
+    /// batch's flush is added to the last frame's).
     async fn pump_outputs(&mut self) -> Option<EndReason> {
+        let metrics_on = self.app.ctx.metrics_on();
+        // Send time of the batch's latest frame, recorded once the next frame
+        // or the flush is timed.
+        let mut unrecorded_send: Option<Duration> = None;
         while self.mailbox.take(&mut self.buf.record) {
             self.in_flight = self.in_flight.saturating_sub(1);
             match self.buf.record.kind {
@@ -316,10 +352,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     self.rec.frames_out += 1;
                     self.rec.text_tokens += 1;
                     self.buf.out[0] = kind::AUDIO;
+                    let t = metrics_on.then(Instant::now);
                     let n = match self.buf.encoder.encode_frame(&self.buf.record.pcm, &mut self.buf.out[1..]) {
                         Ok(n) => n,
                         Err(e) => return Some(EndReason::SendFailed(format!("encoding failed: {e}"))),
                     };
+                    let send_start = t.map(|t| {
+                        let now = Instant::now();
+                        self.app.ctx.stages.record(Stage::Encode, now.saturating_duration_since(t));
+                        now
+                    });
                     let audio = Bytes::copy_from_slice(&self.buf.out[..1 + n]);
                     if let Err(e) = self.ws.feed(Message::Binary(audio)).await {
                         return Some(EndReason::SendFailed(e.to_string()));
@@ -333,10 +375,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                             return Some(EndReason::SendFailed(e.to_string()));
                         }
                     }
+                    if let Some(t) = send_start {
+                        if let Some(previous) = unrecorded_send.replace(t.elapsed()) {
+                            self.app.ctx.stages.record(Stage::Send, previous);
+                        }
+                    }
                 }
             }
         }
-        if let Err(e) = self.ws.flush().await {
+        let flush_start = unrecorded_send.map(|_| Instant::now());
+        let flushed = self.ws.flush().await;
+        if let (Some(t), Some(send)) = (flush_start, unrecorded_send) {
+            self.app.ctx.stages.record(Stage::Send, send + t.elapsed());
+        }
+        if let Err(e) = flushed {
             return Some(EndReason::SendFailed(e.to_string()));
         }
         None

@@ -1,0 +1,198 @@
+// Rotary embedding, ring KV-cache writes and single-query attention
+// (CPU reference: model/src/lm/transformer.rs Stack::forward / attend and
+// model/src/mimi/transformer.rs; ops.rs rope_interleaved).
+//
+// Layouts: `qkv` is the in-projection output, [rows][3·dim] f32 (q, k, v,
+// each heads × head_dim). A cache is one layer's keys (or values):
+// [cache rows][capacity][dim], element type KV (bf16, fp8 e4m3 or f32).
+// fp8 stores x / kv_scale and reads back · kv_scale.
+//
+// Ring semantics, per row (RowInfo): the key of position p lives at ring
+// index p % capacity. A query at `pos` attends to the positions
+//   max(0, pos + 1 − context, last + 1 − capacity) ..= pos
+// where `last` is the newest position written into the row's cache by this
+// call. With one step per call (the LM: last == pos, context == capacity)
+// this is the reference's `min(pos + 1, context, capacity)` window; with t
+// steps per call (Mimi, context == capacity) it is the official RingKVCache
+// mask, including its consequence that early queries of a call see fewer
+// keys once the ring wrapped. Every write of a call (rope_kv_write_*) must be
+// complete before its attention launch: they are separate kernels.
+//
+// Masked rows (RowInfo::active == 0) write nothing into the caches; their
+// attention output is zeros.
+#define ROPE_THREADS 128
+#define ATT_THREADS 128
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_MAX_HEAD_DIM 256
+#define ATT_PER_LANE (ATT_MAX_HEAD_DIM / 32)
+
+// Geometry: grid = (rows), block = ROPE_THREADS; a thread per (q, k) pair of
+// elements and per value element, striding over the row. `freqs` has
+// head_dim/2 entries (computed on the host exactly as the reference), or is
+// null for no rotary embedding (the depformer). q is rotated in place in qkv.
+template <typename KV>
+__device__ __forceinline__ void rope_kv_write(float* __restrict__ qkv, const float* __restrict__ freqs,
+                                              const RowInfo* __restrict__ rows, KV* __restrict__ k_cache,
+                                              KV* __restrict__ v_cache, int dim, int head_dim, int capacity,
+                                              float inv_kv_scale) {
+    const int r = blockIdx.x;
+    const RowInfo ri = rows[r];
+    if (!ri.active) return;
+    float* q = qkv + (size_t)r * 3 * dim;
+    float* k = q + dim;
+    const float* v = q + 2 * dim;
+    const size_t base = ((size_t)ri.kv * capacity + (size_t)(ri.pos % capacity)) * dim;
+    const float pos = (float)ri.pos;
+    const int half = head_dim / 2;
+    for (int p = threadIdx.x; p < dim / 2; p += ROPE_THREADS) {
+        const int i = 2 * p;
+        float q0 = q[i], q1 = q[i + 1], k0 = k[i], k1 = k[i + 1];
+        if (freqs != nullptr) {
+            float s, c;
+            sincosf(freqs[p % half] * pos, &s, &c);
+            const float qr = q0 * c - q1 * s, qi = q0 * s + q1 * c;
+            const float kr = k0 * c - k1 * s, ki = k0 * s + k1 * c;
+            q0 = qr; q1 = qi; k0 = kr; k1 = ki;
+            q[i] = q0;
+            q[i + 1] = q1;
+        }
+        store(k_cache + base + i, k0 * inv_kv_scale);
+        store(k_cache + base + i + 1, k1 * inv_kv_scale);
+        store(v_cache + base + i, v[i] * inv_kv_scale);
+        store(v_cache + base + i + 1, v[i + 1] * inv_kv_scale);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_write_bf16(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
+                   bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int dim, int head_dim, int capacity) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f);
+}
+
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_write_fp8(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
+                  __nv_fp8_e4m3* __restrict__ k_cache, __nv_fp8_e4m3* __restrict__ v_cache, int dim, int head_dim,
+                  int capacity, float kv_scale) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f / kv_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_write_f32(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
+                  float* __restrict__ k_cache, float* __restrict__ v_cache, int dim, int head_dim, int capacity) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f);
+}
+
+// Geometry: grid = (heads, rows), block = ATT_THREADS (4 warps). Warp w takes
+// the keys start + w, start + w + 4, … with an online softmax (running max,
+// sum and head_dim/32 accumulators per lane, head_dim ≤ 256), then the four
+// partial results are merged through shared memory:
+// ATT_WARPS · (ATT_MAX_HEAD_DIM + 2) floats = 4 KiB, whatever the context.
+// Scores are q·k · scale with scale = 1/sqrt(head_dim) from the host.
+template <typename KV, typename OUT>
+__device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
+                                            const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
+                                            int dim, int head_dim, int capacity, int context, float scale,
+                                            float kv_scale, OUT* __restrict__ out) {
+    __shared__ float s_acc[ATT_WARPS][ATT_MAX_HEAD_DIM];
+    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
+    const int h = blockIdx.x, r = blockIdx.y;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const RowInfo ri = rows[r];
+    OUT* o = out + (size_t)r * dim + (size_t)h * head_dim;
+    if (!ri.active) {
+        for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) store(o + e, 0.f);
+        return;
+    }
+    const float* q = qkv + (size_t)r * 3 * dim + (size_t)h * head_dim;
+    int start = ri.pos + 1 - context;
+    start = max(start, ri.last + 1 - capacity);
+    start = max(start, 0);
+    float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        qv[j] = e < head_dim ? q[e] : 0.f;
+        acc[j] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    for (int p = start + w; p <= ri.pos; p += ATT_WARPS) {
+        const size_t base = ((size_t)ri.kv * capacity + (size_t)(p % capacity)) * dim + (size_t)h * head_dim;
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < ATT_PER_LANE; ++j) {
+            const int e = lane + 32 * j;
+            if (e < head_dim) d += qv[j] * (to_f32(k_cache[base + e]) * kv_scale);
+        }
+        const float s = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, s);
+        const float c = expf(m - m_new);
+        const float p_ = expf(s - m_new);
+        l = l * c + p_;
+#pragma unroll
+        for (int j = 0; j < ATT_PER_LANE; ++j) {
+            const int e = lane + 32 * j;
+            const float vv = e < head_dim ? to_f32(v_cache[base + e]) * kv_scale : 0.f;
+            acc[j] = acc[j] * c + p_ * vv;
+        }
+        m = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        if (e < head_dim) s_acc[w][e] = acc[j];
+    }
+    if (lane == 0) {
+        s_m[w] = m;
+        s_l[w] = l;
+    }
+    __syncthreads();
+    float mm = s_m[0];
+#pragma unroll
+    for (int i = 1; i < ATT_WARPS; ++i) mm = fmaxf(mm, s_m[i]);
+    float ll = 0.f, f[ATT_WARPS];
+#pragma unroll
+    for (int i = 0; i < ATT_WARPS; ++i) {
+        // A warp that saw no key has m = -inf and l = 0: its factor is 0.
+        f[i] = s_l[i] > 0.f ? expf(s_m[i] - mm) : 0.f;
+        ll += s_l[i] * f[i];
+    }
+    const float inv = 1.f / ll;
+    for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) {
+        float t = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_WARPS; ++i) t += s_acc[i][e] * f[i];
+        store(o + e, t * inv);
+    }
+}
+
+// LM, bf16 cache, bf16 output (feeds the out-projection GEMM).
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_decode_bf16(const float* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                 const RowInfo* __restrict__ rows, int dim, int head_dim, int capacity, int context, float scale,
+                 bf16* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+}
+
+// LM, fp8 e4m3 cache (values stored / kv_scale), bf16 output.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_decode_fp8(const float* __restrict__ qkv, const __nv_fp8_e4m3* __restrict__ k_cache,
+                const __nv_fp8_e4m3* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int head_dim,
+                int capacity, int context, float scale, float kv_scale, bf16* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, kv_scale, out);
+}
+
+// Mimi, f32 cache, f32 output.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_decode_f32(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                const RowInfo* __restrict__ rows, int dim, int head_dim, int capacity, int context, float scale,
+                float* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+}
+
+// Mimi, bf16 cache, f32 output.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
+                        const bf16* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int head_dim,
+                        int capacity, int context, float scale, float* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+}

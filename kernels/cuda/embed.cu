@@ -1,0 +1,120 @@
+// The delayed token cache and the input embeddings of the LM
+// (CPU reference: model/src/lm/gen.rs Lm::step parts 1, 2 and 6;
+// lm/embeddings.rs; lm/depformer.rs for the depformer inputs).
+//
+// Token cache: per slot, K = n_q + 1 rings of CT = max_delay + 2 entries,
+// cache[slot][k][CT] (u32), and offset[slot] = steps run since reset. Per
+// step t = offset[slot]: user codebook k = 1 + dep_q + j is written at
+// (t + delay[k]) % CT; the input of codebook k is the initial token (text:
+// text_card, audio: card) while t <= delay[k], else entry t % CT. After
+// sampling, t + 1 is stored into offset, the sampled tokens at (t + 1) % CT,
+// and once t + 1 > max_delay the undelayed frame
+// (t + 1 − max_delay + delay[k]) % CT, k = 0..=dep_q, is read out.
+//
+// Invariants: only active SlotSteps read or write a slot's cache or offset;
+// each slot appears at most once in a launch (the host guarantees it), so a
+// thread per step owns its slot. Precondition: user codes are at most card
+// (card itself is the initial / end-of-stream id), as the RVQ encoder produces.
+#define TOK_THREADS 128
+#define EMB_THREADS 256
+
+// Geometry: grid = ceil(n_steps / TOK_THREADS), block = TOK_THREADS, a thread per step.
+extern "C" __global__ void __launch_bounds__(TOK_THREADS)
+token_cache_in(const SlotStep* __restrict__ steps, int n_steps, const u32* __restrict__ user_codes, int n_user,
+               u32* __restrict__ cache, const int* __restrict__ offset, const int* __restrict__ delays, int K, int CT,
+               int dep_q, int card, int text_card, u32* __restrict__ tokens) {
+    const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
+    if (s >= n_steps) return;
+    const SlotStep st = steps[s];
+    if (!st.active) return;
+    const int t = offset[st.slot];
+    u32* c = cache + (size_t)st.slot * K * CT;
+    for (int j = 0; j < n_user; ++j) {
+        const int k = 1 + dep_q + j;
+        c[k * CT + (t + delays[k]) % CT] = user_codes[(size_t)s * n_user + j];
+    }
+    for (int k = 0; k < K; ++k)
+        tokens[(size_t)s * K + k] = t <= delays[k] ? (k == 0 ? (u32)text_card : (u32)card) : c[k * CT + t % CT];
+}
+
+// Geometry as token_cache_in. text[s], audio[s][dep_q]: the sampled tokens;
+// out[s][1 + dep_q] and ready[s] the undelayed frame (ready = 0: none yet).
+extern "C" __global__ void __launch_bounds__(TOK_THREADS)
+token_cache_out(const SlotStep* __restrict__ steps, int n_steps, const u32* __restrict__ text,
+                const u32* __restrict__ audio, u32* __restrict__ cache, int* __restrict__ offset,
+                const int* __restrict__ delays, int K, int CT, int dep_q, int max_delay, u32* __restrict__ out,
+                int* __restrict__ ready) {
+    const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
+    if (s >= n_steps) return;
+    const SlotStep st = steps[s];
+    if (!st.active) return;
+    const int t = offset[st.slot] + 1;
+    offset[st.slot] = t;
+    u32* c = cache + (size_t)st.slot * K * CT;
+    c[t % CT] = text[s];
+    for (int k = 0; k < dep_q; ++k) c[(1 + k) * CT + t % CT] = audio[(size_t)s * dep_q + k];
+    if (t > max_delay) {
+        for (int k = 0; k <= dep_q; ++k) out[(size_t)s * (1 + dep_q) + k] = c[k * CT + (t - max_delay + delays[k]) % CT];
+        ready[s] = 1;
+    } else {
+        ready[s] = 0;
+    }
+}
+
+// x[r] = Σ_{k<n_q} audio_emb[k][tok[k+1]] + text_emb[tok[0]] (+ cond[kv row]),
+// summed in f32 in that order (the reference's order). audio_emb is the
+// stacked [n_q][card + 1][dim] bf16 table, text_emb [text_card + 1][dim],
+// cond [cache rows][dim] f32 or null. tokens[step][K] from token_cache_in.
+// Geometry: grid = (ceil(dim / EMB_THREADS), rows), block = EMB_THREADS.
+// Masked rows get zeros.
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_sum(float* __restrict__ x, const bf16* __restrict__ audio_emb, const bf16* __restrict__ text_emb,
+          const float* __restrict__ cond, const RowInfo* __restrict__ rows, const u32* __restrict__ tokens, int K,
+          int card, int dim) {
+    const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
+    const int r = blockIdx.y;
+    if (i >= dim) return;
+    const RowInfo ri = rows[r];
+    float* xr = x + (size_t)r * dim;
+    if (!ri.active) {
+        xr[i] = 0.f;
+        return;
+    }
+    const u32* tok = tokens + (size_t)ri.step * K;
+    float acc = 0.f;
+    for (int k = 0; k + 1 < K; ++k)
+        acc += __bfloat162float(audio_emb[((size_t)k * (card + 1) + tok[k + 1]) * dim + i]);
+    acc += __bfloat162float(text_emb[(size_t)tok[0] * dim + i]);
+    if (cond != nullptr) acc += cond[(size_t)ri.kv * dim + i];
+    xr[i] = acc;
+}
+
+// Depformer input: x[r] += table[tok], tok = tokens[rows[r].step · stride]
+// (the text token at step 0, audio codebook k − 1 at step k). Full-rank
+// tables only. Geometry as embed_sum; masked rows are left as they are.
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_add_rows(float* __restrict__ x, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
+               const u32* __restrict__ tokens, int stride, int dim) {
+    const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
+    const int r = blockIdx.y;
+    if (i >= dim) return;
+    const RowInfo ri = rows[r];
+    if (!ri.active) return;
+    const u32 t = tokens[(size_t)ri.step * stride];
+    x[(size_t)r * dim + i] += __bfloat162float(table[(size_t)t * dim + i]);
+}
+
+// Low-rank tables: out[r] = table[tok] ([rows][rank] bf16), then a cuBLAS
+// GEMM with the [dim][rank] projection accumulates into x. Masked rows get
+// zeros. Geometry as embed_sum with `rank` in place of dim.
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_gather_rows(bf16* __restrict__ out, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
+                  const u32* __restrict__ tokens, int stride, int rank) {
+    const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
+    const int r = blockIdx.y;
+    if (i >= rank) return;
+    const RowInfo ri = rows[r];
+    bf16 v = __float2bfloat16_rn(0.f);
+    if (ri.active) v = table[(size_t)tokens[(size_t)ri.step * stride] * rank + i];
+    out[(size_t)r * rank + i] = v;
+}

@@ -1,0 +1,239 @@
+// Token sampling, one block per slot-step (CPU reference:
+// model/src/lm/sampling.rs Sampler::sample / sample_top_k, lm/conditioner.rs
+// cfg_mix, lm/gen.rs step 4 and 5).
+//
+// Semantics, per active SlotStep with parameters p = params[slot]:
+// - logits are row_cond's, or with guidance (row_null >= 0)
+//   null + (cond − null) · cfg_coef, element by element;
+// - greedy (use_sampling == 0 or temp <= 0): the first index of the maximum,
+//   and the RNG is not touched;
+// - otherwise the top_k largest logits (all when top_k is 0 or ≥ vocab) are
+//   the candidates; weights exp((l − max) / temp) in f64; one draw
+//   u = (next_u64 >> 11) · 2⁻⁵³ · total from the slot's xoshiro256++ state
+//   (the same generator and the same number of draws per token as the CPU
+//   backend, so a seed gives the same stream of uniforms); the token is the
+//   first candidate, in index order, whose running sum exceeds u. Degenerate
+//   weights (total not finite or 0) fall back to the argmax without a draw.
+// - ties at the top-k boundary keep the lowest indices (the CPU's
+//   select_nth_unstable keeps an unspecified subset), and candidates are
+//   walked in index order (the CPU walks them in select order): for the same
+//   uniform the two backends may pick different tokens; the distribution is
+//   the same.
+//
+// Geometry: grid = (n_steps), block = SAMPLE_THREADS (512). The k-th largest
+// key is found by an exact 4-pass radix select over the order-preserving u32
+// image of the logits (256-bin shared histogram). Passes that need index
+// order give each thread one contiguous chunk of ceil(vocab / 512) entries.
+// Shared memory: 1 KiB histogram + 16 warp partials; independent of vocab.
+#define SAMPLE_THREADS 512
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+
+__device__ __forceinline__ u64 rotl64(u64 x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// xoshiro256++ (rand_xoshiro::Xoshiro256PlusPlus::next_u64).
+__device__ __forceinline__ u64 xoshiro_next(u64* s) {
+    const u64 result = rotl64(s[0] + s[3], 23) + s[0];
+    const u64 t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return result;
+}
+
+// Order-preserving image of a float (f32::total_cmp order).
+__device__ __forceinline__ u32 float_key(float f) {
+    const u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float logit(const float* __restrict__ cond, const float* __restrict__ nul, float coef,
+                                       int i) {
+    return nul != nullptr ? nul[i] + (cond[i] - nul[i]) * coef : cond[i];
+}
+
+// Inclusive scan over the block; `red` holds SAMPLE_WARPS entries. Returns
+// the inclusive prefix of this thread and the block total in *total.
+template <typename T>
+__device__ __forceinline__ T block_inclusive_scan(T v, T* red, T* total) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    if (lane == 31) red[w] = v;
+    __syncthreads();
+    T before = 0, all = 0;
+#pragma unroll
+    for (int i = 0; i < SAMPLE_WARPS; ++i) {
+        if (i < w) before += red[i];
+        all += red[i];
+    }
+    __syncthreads();
+    *total = all;
+    return before + v;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotStep* __restrict__ steps,
+              const SlotParams* __restrict__ params, int audio, u64* __restrict__ rng, u32* __restrict__ out,
+              int out_stride) {
+    __shared__ int hist[256];
+    __shared__ float s_best_v[SAMPLE_WARPS];
+    __shared__ int s_best_i[SAMPLE_WARPS];
+    __shared__ int s_ired[SAMPLE_WARPS];
+    __shared__ double s_dred[SAMPLE_WARPS];
+    __shared__ int s_digit, s_rest, s_tok, s_last;
+    __shared__ double s_u;
+
+    const SlotStep st = steps[blockIdx.x];
+    if (!st.active) return;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const SlotParams p = params[st.slot];
+    const float* cond = logits + (size_t)st.row_cond * ld;
+    const float* nul = st.row_null >= 0 ? logits + (size_t)st.row_null * ld : nullptr;
+    const float coef = p.cfg_coef;
+    const float temp = audio ? p.temp_audio : p.temp_text;
+    const int top_k = audio ? p.top_k_audio : p.top_k_text;
+    u32* dst = out + (size_t)blockIdx.x * out_stride;
+
+    // 1. Argmax (first index of the maximum): greedy result, softmax max, fallback.
+    float bv = NEG_INF;
+    int bi = vocab;
+    for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+        const float v = logit(cond, nul, coef, i);
+        if (v > bv || bi == vocab) { bv = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { s_best_v[w] = bv; s_best_i[w] = bi; }
+    __syncthreads();
+    bv = s_best_v[0];
+    bi = s_best_i[0];
+#pragma unroll
+    for (int i = 1; i < SAMPLE_WARPS; ++i)
+        if (s_best_v[i] > bv || (s_best_v[i] == bv && s_best_i[i] < bi)) { bv = s_best_v[i]; bi = s_best_i[i]; }
+    const int argmax = bi;
+    const float maxv = bv;
+
+    if (!(p.use_sampling && temp > 0.f)) {
+        if (tid == 0) *dst = (u32)argmax;
+        return;
+    }
+
+    // 2. Radix select of the k-th largest key (skipped when every logit is a candidate).
+    const int k = (top_k <= 0 || top_k >= vocab) ? vocab : top_k;
+    u32 prefix = 0, mask = 0;
+    int rest = k;  // ties at the threshold still to take
+    const bool select = k < vocab;
+    if (select) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
+            __syncthreads();
+            for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+                const u32 key = float_key(logit(cond, nul, coef, i));
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int acc = 0, b = 255;
+                for (; b > 0; --b) {
+                    if (acc + hist[b] >= rest) break;
+                    acc += hist[b];
+                }
+                s_digit = b;
+                s_rest = rest - acc;
+            }
+            __syncthreads();
+            prefix |= (u32)s_digit << shift;
+            mask |= 255u << shift;
+            rest = s_rest;
+        }
+    }
+    // Candidates: key > prefix, plus the first `rest` entries with key == prefix.
+
+    // 3. Index-ordered chunks: ties before each chunk, then weights.
+    const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min(tid * chunk, vocab), hi = min(lo + chunk, vocab);
+    int my_ties = 0;
+    if (select)
+        for (int i = lo; i < hi; ++i) my_ties += float_key(logit(cond, nul, coef, i)) == prefix;
+    int ties_total;
+    const int tie_base = block_inclusive_scan(my_ties, s_ired, &ties_total) - my_ties;
+
+    const double inv_t = 1.0 / (double)temp;
+    const double mx = (double)maxv;
+    double my_sum = 0.0;
+    int my_last = -1;
+    {
+        int tie = tie_base;
+        for (int i = lo; i < hi; ++i) {
+            const float v = logit(cond, nul, coef, i);
+            bool in = true;
+            if (select) {
+                const u32 key = float_key(v);
+                in = key > prefix || (key == prefix && tie < rest);
+                tie += key == prefix;
+            }
+            if (in) {
+                const double wgt = exp(((double)v - mx) * inv_t);
+                my_sum += wgt;
+                if (wgt > 0.0) my_last = i;
+            }
+        }
+    }
+    double total;
+    const double incl = block_inclusive_scan(my_sum, s_dred, &total);
+    const double excl = incl - my_sum;
+    if (!(isfinite(total) && total > 0.0)) {
+        if (tid == 0) *dst = (u32)argmax;
+        return;
+    }
+
+    // 4. One draw from the slot's generator, then the thread whose range holds it walks its chunk.
+    if (tid == 0) {
+        u64* s = rng + (size_t)st.slot * 4;
+        u64 state[4] = {s[0], s[1], s[2], s[3]};
+        const u64 x = xoshiro_next(state);
+        s[0] = state[0]; s[1] = state[1]; s[2] = state[2]; s[3] = state[3];
+        s_u = (double)(x >> 11) * (1.0 / 9007199254740992.0) * total;
+        s_tok = -1;
+        s_last = -1;
+    }
+    __syncthreads();
+    const double u = s_u;
+    if (my_sum > 0.0 && u >= excl && u < incl) {
+        double acc = excl;
+        int tie = tie_base;
+        for (int i = lo; i < hi; ++i) {
+            const float v = logit(cond, nul, coef, i);
+            bool in = true;
+            if (select) {
+                const u32 key = float_key(v);
+                in = key > prefix || (key == prefix && tie < rest);
+                tie += key == prefix;
+            }
+            if (in) {
+                acc += exp(((double)v - mx) * inv_t);
+                if (u < acc) {
+                    s_tok = i;
+                    break;
+                }
+            }
+        }
+    }
+    if (my_last >= 0) atomicMax(&s_last, my_last);
+    __syncthreads();
+    if (tid == 0) {
+        // Rounding left u past every running sum: the last candidate with weight.
+        const int tok = s_tok >= 0 ? s_tok : (s_last >= 0 ? s_last : argmax);
+        *dst = (u32)tok;
+    }
+}
