@@ -184,9 +184,10 @@ pub struct SessionConfig {
     pub idle_timeout_ms: u64,
     /// Longest session, in seconds (0: unlimited).
     pub max_session_seconds: u64,
-    /// Outgoing messages queued for a client that does not read, beyond which
-    /// the session is closed.
-    pub max_queued_messages: usize,
+    /// A client that does not take what is sent to it for this long is
+    /// closed (slow consumer), in milliseconds: the daemon never buffers
+    /// output without bound.
+    pub send_timeout_ms: u64,
     /// On shutdown, how long sessions may go on before they are closed, in
     /// milliseconds.
     pub drain_grace_ms: u64,
@@ -199,7 +200,7 @@ impl Default for SessionConfig {
             max_frames_in_flight: 8,
             idle_timeout_ms: 30_000,
             max_session_seconds: 3_600,
-            max_queued_messages: 256,
+            send_timeout_ms: 5_000,
             drain_grace_ms: 30_000,
         }
     }
@@ -379,8 +380,11 @@ impl Config {
                 "must not exceed 4 × engine.queued_frames_per_slot",
             ));
         }
-        if s.idle_timeout_ms == 0 || s.max_queued_messages == 0 {
-            return Err(invalid("session.idle_timeout_ms", "idle_timeout_ms and max_queued_messages must be positive"));
+        if s.idle_timeout_ms == 0 {
+            return Err(invalid("session.idle_timeout_ms", "must be positive"));
+        }
+        if s.send_timeout_ms == 0 {
+            return Err(invalid("session.send_timeout_ms", "must be positive"));
         }
         let d = &self.defaults;
         if !(d.text_temperature >= 0.0 && d.audio_temperature >= 0.0) {

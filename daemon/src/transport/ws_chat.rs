@@ -399,41 +399,57 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         self.app.ctx.end_session(self.ticket);
         self.rec.end(reason);
         let reason = self.rec.end_reason.clone().expect("set just above");
-        let client_gone = matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_));
+        let client_gone = matches!(
+            reason,
+            EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
+        );
         if !client_gone {
-            let error_text = match &reason {
-                EndReason::ProtocolError(d) => Some(format!("protocol error: {d}")),
-                EndReason::IdleTimeout => Some("idle timeout: no audio received".to_string()),
-                EndReason::ModelFault => Some("the model failed for this stream".to_string()),
-                EndReason::EngineStalled => Some("the engine did not answer in time".to_string()),
-                EndReason::ServerShutdown => Some("server shutting down".to_string()),
-                EndReason::MaxDuration => Some("maximum session length reached".to_string()),
-                _ => None,
-            };
-            let mut meta = vec![kind::METADATA];
-            meta.extend_from_slice(self.rec.to_json().to_string().as_bytes());
-            let _ = self.ws.send(Message::Binary(meta.into())).await;
-            if let Some(text) = error_text {
-                let mut msg = vec![kind::ERROR];
-                msg.extend_from_slice(text.as_bytes());
-                let _ = self.ws.send(Message::Binary(msg.into())).await;
-            }
-            let code = if matches!(reason, EndReason::ProtocolError(_)) {
-                CloseCode::Protocol
-            } else {
-                CloseCode::Normal
-            };
-            let _ = self
-                .ws
-                .close(Some(CloseFrame {
-                    code,
-                    reason: reason.label().into(),
-                }))
-                .await;
+            // The goodbye is bounded in time too: a client that stopped
+            // reading cannot hold the session open.
+            let limit = Duration::from_millis(self.app.shared.config.session.send_timeout_ms);
+            let meta = self.rec.to_json().to_string();
+            let _ = glommio::timer::timeout(limit, async {
+                say_goodbye(&mut self.ws, &reason, &meta).await;
+                Ok(())
+            })
+            .await;
         }
         self.rec.log();
         self.rec
     }
+}
+
+/// The end of a session the client can still hear: the record as metadata,
+/// an error message where the end was an error, and a close frame.
+async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, reason: &EndReason, meta: &str) {
+    let error_text = match reason {
+        EndReason::ProtocolError(d) => Some(format!("protocol error: {d}")),
+        EndReason::IdleTimeout => Some("idle timeout: no audio received".to_string()),
+        EndReason::ModelFault => Some("the model failed for this stream".to_string()),
+        EndReason::EngineStalled => Some("the engine did not answer in time".to_string()),
+        EndReason::ServerShutdown => Some("server shutting down".to_string()),
+        EndReason::MaxDuration => Some("maximum session length reached".to_string()),
+        _ => None,
+    };
+    let mut msg = vec![kind::METADATA];
+    msg.extend_from_slice(meta.as_bytes());
+    let _ = ws.send(Message::Binary(msg.into())).await;
+    if let Some(text) = error_text {
+        let mut msg = vec![kind::ERROR];
+        msg.extend_from_slice(text.as_bytes());
+        let _ = ws.send(Message::Binary(msg.into())).await;
+    }
+    let code = if matches!(reason, EndReason::ProtocolError(_)) {
+        CloseCode::Protocol
+    } else {
+        CloseCode::Normal
+    };
+    let _ = ws
+        .close(Some(CloseFrame {
+            code,
+            reason: reason.label().into(),
+        }))
+        .await;
 }
 
 fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
