@@ -1,79 +1,12 @@
-//! Float32 kernels of the CPU backend: matrix products, norms, activations,
-//! rotary embeddings and softmax, over plain row-major slices.
+//! Float32 building blocks of the CPU backend: norms, activations, rotary
+//! embeddings and softmax, over plain row-major slices. (Matrix products
+//! live beside their users, `lm/linear.rs` and `mimi/linear.rs`: each keeps
+//! its weights in the layout its shapes want.)
 //!
 //! Invariants: no function allocates; every output is written into a slice
 //! the caller owns, sized by the caller (checked with debug assertions).
 //! Numerics follow the official PyTorch modules (same epsilons, same order of
 //! the float32 operations where it matters for exactness).
-
-/// `y[rows, out] = x[rows, inp] · wᵀ` with `w` stored `[out, inp]` (the
-/// PyTorch `nn.Linear` layout, no bias). Overwrites `y`.
-pub fn linear(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, y: &mut [f32]) {
-    matmul_wt(x, rows, w, out, inp, y, 0.0);
-}
-
-/// `y += x · wᵀ` (see [`linear`]).
-pub fn linear_acc(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, y: &mut [f32]) {
-    matmul_wt(x, rows, w, out, inp, y, 1.0);
-}
-
-fn matmul_wt(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, y: &mut [f32], beta: f32) {
-    debug_assert!(x.len() >= rows * inp);
-    debug_assert!(w.len() >= out * inp);
-    debug_assert!(y.len() >= rows * out);
-    if rows == 0 || out == 0 {
-        return;
-    }
-    // SAFETY: the pointers come from slices at least as long as the strides
-    // below address (checked above in debug builds and guaranteed by every
-    // caller's sizing); `y` is a unique borrow, so the output does not alias
-    // the inputs.
-    unsafe {
-        matrixmultiply::sgemm(
-            rows,
-            inp,
-            out,
-            1.0,
-            x.as_ptr(),
-            inp as isize,
-            1,
-            w.as_ptr(),
-            1,
-            inp as isize,
-            beta,
-            y.as_mut_ptr(),
-            out as isize,
-            1,
-        );
-    }
-}
-
-/// `y[m, n] = a[m, k] · b[k, n]` (both row-major). Overwrites `y`.
-pub fn matmul(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32]) {
-    debug_assert!(a.len() >= m * k && b.len() >= k * n && y.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: as in `matmul_wt`: slices sized for the strides, `y` unique.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            y.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-}
 
 /// RMSNorm over each row of width `dim`: `x / sqrt(mean(x²) + eps) · alpha`.
 /// `x` and `y` may not alias.
@@ -215,24 +148,6 @@ pub fn rope_interleaved(v: &mut [f32], freqs: &[f32], pos: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn linear_matches_naive() {
-        let (rows, out, inp) = (3, 5, 7);
-        let x: Vec<f32> = (0..rows * inp).map(|i| (i as f32 * 0.37).sin()).collect();
-        let w: Vec<f32> = (0..out * inp).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut y = vec![0.0; rows * out];
-        linear(&x, rows, &w, out, inp, &mut y);
-        for r in 0..rows {
-            for o in 0..out {
-                let want: f32 = (0..inp).map(|k| x[r * inp + k] * w[o * inp + k]).sum();
-                assert!((y[r * out + o] - want).abs() < 1e-5);
-            }
-        }
-        linear_acc(&x, rows, &w, out, inp, &mut y);
-        let want: f32 = (0..inp).map(|k| x[k] * w[k]).sum();
-        assert!((y[0] - 2.0 * want).abs() < 1e-5);
-    }
 
     #[test]
     fn erf_known_values() {

@@ -1,7 +1,7 @@
 //! The LM's linear layers: `y = x · wᵀ` (or `y += x · wᵀ`) for the few rows
 //! of a step, reading the weights in place (PyTorch `[out, inp]` layout).
 //!
-//! Why not `ops::linear` (matrixmultiply): its sgemm allocates a packing
+//! Why not a general sgemm (matrixmultiply): it allocates a packing
 //! buffer and repacks the weight on every call, and its 8-row micro-kernel
 //! wastes most of its work when a step has one or two rows. Here the outer
 //! loop walks blocks of 4 (8 for a single row) weight rows and the inner loop

@@ -202,6 +202,30 @@ mod tests {
         }
     }
 
+    /// `y = x · wᵀ` through matrixmultiply's general sgemm (the baseline).
+    fn sgemm_linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+        // SAFETY: `x` is m×k, `w` is n×k and `y` is m×n, all row-major and
+        // sized by the caller; `y` is a unique borrow.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                x.as_ptr(),
+                k as isize,
+                1,
+                w.as_ptr(),
+                1,
+                k as isize,
+                0.0,
+                y.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+    }
+
     /// `cargo test --release -p moshid-model --lib mimi::linear -- --ignored --nocapture`
     #[test]
     #[ignore = "benchmark"]
@@ -226,7 +250,7 @@ mod tests {
             let a = t0.elapsed().as_secs_f64() / reps as f64;
             let t0 = std::time::Instant::now();
             for _ in 0..reps {
-                crate::ops::linear(&x, m, &w, n, k, &mut y);
+                sgemm_linear(&x, m, &w, n, k, &mut y);
             }
             let b = t0.elapsed().as_secs_f64() / reps as f64;
             let g = (m * k * n) as f64;

@@ -17,48 +17,9 @@ use moshid_model::config::LmConfig;
 use moshid_model::lm::{GenParams, Lm, LmStepOutput};
 use moshid_model::weights::Weights;
 use safetensors::{Dtype, SafeTensors};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
-/// Counts the allocations of the threads that ask for it (see
-/// `step_does_not_allocate`), and otherwise is the system allocator.
-struct CountingAlloc;
-
-thread_local! {
-    static ALLOCS: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn note_alloc() {
-    let _ = ALLOCS.try_with(|c| {
-        if let Some(n) = c.get() {
-            c.set(Some(n + 1));
-        }
-    });
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is a const-initialised thread local, which never allocates.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_alloc();
-        System.realloc(ptr, layout, new_size)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
-
-#[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
+use super::alloc_count::ALLOCS;
 
 const STREAMS: usize = 3;
 
