@@ -19,7 +19,7 @@ use tungstenite::Message;
 /// Sessions end 1.5 s after their last message. At most 4 frames in flight
 /// per session (the engine's queue depth), so that no frame is ever dropped
 /// whatever the machine's load: with the default 8, a frame can be dropped
-/// when the engine falls behind (see `burst_is_backpressured_not_dropped`
+/// when the engine falls behind (see `burst_is_backpressured_with_the_default_config`
 /// in e2e_sessions.rs).
 const CHAT_CONFIG: &str = r#"{"session": {"idle_timeout_ms": 1500, "max_frames_in_flight": 4}}"#;
 

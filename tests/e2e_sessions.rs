@@ -189,12 +189,11 @@ fn burst_is_backpressured_when_in_flight_fits_the_engine_queue() {
     assert_eq!(cap["engine"]["dropped_frames"], 0, "{cap:#}");
 }
 
-/// The same with the default configuration: `session.max_frames_in_flight`
-/// (8) exceeds `engine.queued_frames_per_slot` (4), so a burst overfills
-/// the slot's engine queue and frames are dropped instead of the client
-/// being slowed down (12 or 13 of 20 in our runs).
+/// The same with the default configuration: the in-flight bound may not
+/// exceed what the engine queues per slot (the configuration refuses it), so
+/// a burst is slowed down, never dropped. (With 8 in flight over a queue of
+/// 4, 12 or 13 of 20 frames were dropped.)
 #[test]
-#[ignore = "daemon bug: default max_frames_in_flight (8) > queued_frames_per_slot (4) drops burst frames"]
 fn burst_is_backpressured_with_the_default_config() {
     const FRAMES: usize = 20;
     let daemon = Daemon::start(&[], Some(&config_with_idle_timeout(1000)));

@@ -37,8 +37,10 @@ pub fn agent_line(ready: bool, accepting: bool, admissible: usize, max_slots: us
     if !accepting || admissible == 0 || max_slots == 0 {
         return "drain".to_string();
     }
-    let share = (admissible.min(max_slots) * 100).div_ceil(max_slots).clamp(1, 100);
-    format!("up ready {share}%")
+    let share = (admissible.min(max_slots) * 100)
+        .div_ceil(max_slots)
+        .clamp(1, 100);
+    format!("up {share}%")
 }
 
 /// The agent line for the engine in `cell` (`maint` while it does not exist).
@@ -90,7 +92,9 @@ impl AgentServer {
 
     fn stop_and_join(&mut self) {
         self.stop.store(true, Ordering::Release);
-        let Some(thread) = self.thread.take() else { return };
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
         // Wake the blocking accept with a connection of our own.
         let mut wake = self.addr;
         if wake.ip().is_unspecified() {
@@ -158,7 +162,11 @@ mod tests {
         assert_eq!(agent_line(true, true, 0, 8), "drain", "full");
         assert_eq!(agent_line(true, true, 8, 8), "up ready 100%");
         assert_eq!(agent_line(true, true, 3, 8), "up ready 38%");
-        assert_eq!(agent_line(true, true, 1, 4096), "up ready 1%", "never 0% while admitting");
+        assert_eq!(
+            agent_line(true, true, 1, 4096),
+            "up ready 1%",
+            "never 0% while admitting"
+        );
         assert_eq!(agent_line(true, true, 9, 8), "up ready 100%");
     }
 
@@ -185,10 +193,16 @@ mod tests {
         assert_eq!(ask(), "up ready 100%\n");
         let params = moshid_model::streaming::SessionParams::default;
         for _ in 0..3 {
-            engine.admission().admit(params(), &engine.step_times, engine.budget_ms).unwrap();
+            engine
+                .admission()
+                .admit(params(), &engine.step_times, engine.budget_ms)
+                .unwrap();
         }
         assert_eq!(ask(), "up ready 25%\n");
-        engine.admission().admit(params(), &engine.step_times, engine.budget_ms).unwrap();
+        engine
+            .admission()
+            .admit(params(), &engine.step_times, engine.budget_ms)
+            .unwrap();
         assert_eq!(ask(), "drain\n", "full");
         engine.admission().set_accepting(false);
         assert_eq!(ask(), "drain\n", "draining");

@@ -14,7 +14,11 @@ use std::process::ExitCode;
 
 /// moshid: real-time Moshi/Hibiki serving.
 #[derive(Parser)]
-#[command(name = "moshid", version, about = "Real-time Moshi/Hibiki serving daemon")]
+#[command(
+    name = "moshid",
+    version,
+    about = "Real-time Moshi/Hibiki serving daemon"
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -93,7 +97,9 @@ impl ServeArgs {
         if let Some(n) = self.io_cores {
             cfg.runtime.io_cores = n;
             if cfg.runtime.io_cpus.as_ref().is_some_and(|c| c.len() != n) {
-                return Err("--io-cores conflicts with `runtime.io_cpus` in the config file".into());
+                return Err(
+                    "--io-cores conflicts with `runtime.io_cpus` in the config file".into(),
+                );
             }
         }
         if let Some(n) = self.phase_groups {
@@ -123,7 +129,10 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    match signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]) {
+    match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
         Ok(mut signals) => {
             std::thread::Builder::new()
                 .name("moshid-signals".into())

@@ -40,7 +40,10 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &'static str, why: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key, why: why.into() }
+    ConfigError::Invalid {
+        key,
+        why: why.into(),
+    }
 }
 
 /// Which model backend steps the streams.
@@ -197,7 +200,7 @@ impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
             max_message_bytes: 64 * 1024,
-            max_frames_in_flight: 8,
+            max_frames_in_flight: 4,
             idle_timeout_ms: 30_000,
             max_session_seconds: 3_600,
             send_timeout_ms: 5_000,
@@ -255,6 +258,100 @@ impl Default for MetricsConfig {
     }
 }
 
+/// `rtp.*`: the RTP telephony transport (`POST /v1/rtp/sessions`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RtpConfig {
+    /// Whether RTP sessions can be created.
+    pub enabled: bool,
+    /// Address the sessions' UDP sockets bind to (port chosen by the
+    /// kernel); `null`: the listener's address.
+    pub bind_address: Option<std::net::IpAddr>,
+    /// A session that receives no RTP for this long ends, in milliseconds
+    /// (counted from its creation until the first packet).
+    pub inactivity_timeout_ms: u64,
+    /// Smallest jitter buffer target depth, in milliseconds.
+    pub jitter_min_ms: u32,
+    /// Largest jitter buffer target depth, in milliseconds.
+    pub jitter_max_ms: u32,
+    /// RTP sessions alive at once (each also needs a model slot).
+    pub max_sessions: usize,
+}
+
+impl Default for RtpConfig {
+    fn default() -> Self {
+        RtpConfig {
+            enabled: true,
+            bind_address: None,
+            inactivity_timeout_ms: 30_000,
+            jitter_min_ms: 40,
+            jitter_max_ms: 120,
+            max_sessions: 256,
+        }
+    }
+}
+
+/// `audiosocket.*`: the Asterisk AudioSocket listener (TCP, one per I/O core).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AudioSocketConfig {
+    /// Whether the listener runs.
+    pub enabled: bool,
+    /// Address every I/O core binds (`SO_REUSEPORT`); port 0 picks one.
+    pub address: SocketAddr,
+    /// Largest message payload accepted, in bytes (a bigger one is refused
+    /// with error code 0x04 from its header alone).
+    pub max_payload_bytes: usize,
+    /// Time allowed for the UUID message after the connection opens, in
+    /// milliseconds.
+    pub uuid_timeout_ms: u64,
+    /// Open AudioSocket connections per I/O core beyond which new ones are
+    /// closed at once.
+    pub max_connections_per_core: usize,
+    /// Addresses allowed to connect (Asterisk's); empty: anyone, which is
+    /// accepted only on a loopback address (the protocol carries no
+    /// credentials).
+    pub allowed_peers: Vec<std::net::IpAddr>,
+    /// Session parameters of every call (`text_temperature`, `seed`,
+    /// `condition.NAME`, … as in a chat query), checked against the model
+    /// at start.
+    pub params: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for AudioSocketConfig {
+    fn default() -> Self {
+        AudioSocketConfig {
+            enabled: false,
+            address: "127.0.0.1:9092".parse().expect("valid literal"),
+            max_payload_bytes: 8192,
+            uuid_timeout_ms: 5_000,
+            max_connections_per_core: 1024,
+            allowed_peers: Vec::new(),
+            params: Default::default(),
+        }
+    }
+}
+
+/// `media_streams.*`: the Media Streams WebSocket (`/v1/media-stream`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MediaStreamsConfig {
+    /// Whether `/v1/media-stream` is served.
+    pub enabled: bool,
+    /// `mark` events waiting for their echo, per stream, beyond which the
+    /// stream is closed (protocol error).
+    pub max_pending_marks: usize,
+}
+
+impl Default for MediaStreamsConfig {
+    fn default() -> Self {
+        MediaStreamsConfig {
+            enabled: true,
+            max_pending_marks: 256,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -273,6 +370,12 @@ pub struct Config {
     pub defaults: GenDefaults,
     /// Stage metrics.
     pub metrics: MetricsConfig,
+    /// RTP transport.
+    pub rtp: RtpConfig,
+    /// Asterisk AudioSocket transport.
+    pub audiosocket: AudioSocketConfig,
+    /// Media Streams WebSocket transport.
+    pub media_streams: MediaStreamsConfig,
 }
 
 impl Config {
@@ -326,14 +429,20 @@ impl Config {
             ));
         }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {
-            return Err(invalid("engine.queued_frames_per_slot", "must be between 1 and 64"));
+            return Err(invalid(
+                "engine.queued_frames_per_slot",
+                "must be between 1 and 64",
+            ));
         }
         if e.warmup_steps == 0 || e.warmup_steps > 100 {
             return Err(invalid("engine.warmup_steps", "must be between 1 and 100"));
         }
         let l = &self.listen;
         if l.max_connections_per_core == 0 {
-            return Err(invalid("listen.max_connections_per_core", "must be positive"));
+            return Err(invalid(
+                "listen.max_connections_per_core",
+                "must be positive",
+            ));
         }
         if l.max_connections_per_ip > l.max_connections_per_core {
             return Err(invalid(
@@ -369,15 +478,23 @@ impl Config {
         }
         let s = &self.session;
         if s.max_message_bytes < 1024 {
-            return Err(invalid("session.max_message_bytes", "must be at least 1024"));
+            return Err(invalid(
+                "session.max_message_bytes",
+                "must be at least 1024",
+            ));
         }
         if s.max_frames_in_flight == 0 {
             return Err(invalid("session.max_frames_in_flight", "must be positive"));
         }
-        if s.max_frames_in_flight > e.queued_frames_per_slot * 4 {
+        if s.max_frames_in_flight > e.queued_frames_per_slot {
+            // More in flight than the engine queues would turn backpressure
+            // into dropped frames: the engine answers the excess `Dropped`.
             return Err(invalid(
                 "session.max_frames_in_flight",
-                "must not exceed 4 × engine.queued_frames_per_slot",
+                format!(
+                    "must not exceed engine.queued_frames_per_slot ({})",
+                    e.queued_frames_per_slot
+                ),
             ));
         }
         if s.idle_timeout_ms == 0 {
@@ -386,12 +503,73 @@ impl Config {
         if s.send_timeout_ms == 0 {
             return Err(invalid("session.send_timeout_ms", "must be positive"));
         }
+        let rtp = &self.rtp;
+        if rtp.inactivity_timeout_ms < 100 {
+            return Err(invalid("rtp.inactivity_timeout_ms", "must be at least 100"));
+        }
+        if !(10..=1000).contains(&rtp.jitter_min_ms) {
+            return Err(invalid("rtp.jitter_min_ms", "must be between 10 and 1000"));
+        }
+        if rtp.jitter_max_ms < rtp.jitter_min_ms || rtp.jitter_max_ms > 2000 {
+            return Err(invalid(
+                "rtp.jitter_max_ms",
+                format!(
+                    "must be between rtp.jitter_min_ms ({}) and 2000",
+                    rtp.jitter_min_ms
+                ),
+            ));
+        }
+        if rtp.max_sessions == 0 {
+            return Err(invalid("rtp.max_sessions", "must be positive"));
+        }
+        if rtp.bind_address.is_some_and(|a| a.is_multicast()) {
+            return Err(invalid("rtp.bind_address", "must be a unicast address"));
+        }
+        let a = &self.audiosocket;
+        if !(1920..=65535).contains(&a.max_payload_bytes) {
+            return Err(invalid(
+                "audiosocket.max_payload_bytes",
+                "must be between 1920 (20 ms at 48 kHz) and 65535 (the header's limit)",
+            ));
+        }
+        if a.uuid_timeout_ms == 0 {
+            return Err(invalid("audiosocket.uuid_timeout_ms", "must be positive"));
+        }
+        if a.max_connections_per_core == 0 {
+            return Err(invalid("audiosocket.max_connections_per_core", "must be positive"));
+        }
+        if a.enabled {
+            if a.address.port() != 0 && a.address.port() == l.address.port() {
+                return Err(invalid(
+                    "audiosocket.address",
+                    format!("uses port {}, the port of listen.address", a.address.port()),
+                ));
+            }
+            if !a.address.ip().is_loopback() && a.allowed_peers.is_empty() {
+                return Err(invalid(
+                    "audiosocket.allowed_peers",
+                    format!(
+                        "is required when listening on {} (not loopback): AudioSocket carries no credentials, list Asterisk's addresses",
+                        a.address
+                    ),
+                ));
+            }
+        }
+        if self.media_streams.max_pending_marks == 0 {
+            return Err(invalid("media_streams.max_pending_marks", "must be positive"));
+        }
         let d = &self.defaults;
         if !(d.text_temperature >= 0.0 && d.audio_temperature >= 0.0) {
-            return Err(invalid("defaults.text_temperature", "temperatures must be ≥ 0"));
+            return Err(invalid(
+                "defaults.text_temperature",
+                "temperatures must be ≥ 0",
+            ));
         }
         if d.text_topk == 0 || d.audio_topk == 0 {
-            return Err(invalid("defaults.text_topk", "top-k values must be positive"));
+            return Err(invalid(
+                "defaults.text_topk",
+                "top-k values must be positive",
+            ));
         }
         if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
             return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
@@ -448,6 +626,22 @@ mod tests {
     }
 
     #[test]
+    fn rtp_section_is_validated_by_key() {
+        let c = parse(r#"{"rtp": {"jitter_min_ms": 20, "jitter_max_ms": 200}}"#).unwrap();
+        assert!(c.rtp.enabled);
+        let e = parse(r#"{"rtp": {"jitter_min_ms": 80, "jitter_max_ms": 60}}"#).unwrap_err();
+        assert!(e.contains("rtp.jitter_max_ms"), "{e}");
+        let e = parse(r#"{"rtp": {"inactivity_timeout_ms": 0}}"#).unwrap_err();
+        assert!(e.contains("rtp.inactivity_timeout_ms"), "{e}");
+        let e = parse(r#"{"rtp": {"max_sessions": 0}}"#).unwrap_err();
+        assert!(e.contains("rtp.max_sessions"), "{e}");
+        let e = parse(r#"{"rtp": {"bind_address": "239.1.1.1"}}"#).unwrap_err();
+        assert!(e.contains("rtp.bind_address"), "{e}");
+        let e = parse(r#"{"rtp": {"jitter_mn_ms": 5}}"#).unwrap_err();
+        assert!(e.contains("jitter_mn_ms"), "{e}");
+    }
+
+    #[test]
     fn public_listener_needs_a_token() {
         let e = parse(r#"{"listen": {"address": "0.0.0.0:8998"}}"#).unwrap_err();
         assert!(e.contains("listen.token"), "{e}");
@@ -456,11 +650,18 @@ mod tests {
 
     #[test]
     fn per_ip_limit_and_agent_address_are_checked() {
-        let e = parse(r#"{"listen": {"max_connections_per_core": 8, "max_connections_per_ip": 9}}"#).unwrap_err();
+        let e =
+            parse(r#"{"listen": {"max_connections_per_core": 8, "max_connections_per_ip": 9}}"#)
+                .unwrap_err();
         assert!(e.contains("listen.max_connections_per_ip"), "{e}");
-        let e = parse(r#"{"listen": {"address": "127.0.0.1:8998", "agent_address": "127.0.0.1:8998"}}"#).unwrap_err();
+        let e = parse(
+            r#"{"listen": {"address": "127.0.0.1:8998", "agent_address": "127.0.0.1:8998"}}"#,
+        )
+        .unwrap_err();
         assert!(e.contains("listen.agent_address"), "{e}");
-        let c = parse(r#"{"listen": {"max_connections_per_ip": 4, "agent_address": "0.0.0.0:9998"}}"#).unwrap();
+        let c =
+            parse(r#"{"listen": {"max_connections_per_ip": 4, "agent_address": "0.0.0.0:9998"}}"#)
+                .unwrap();
         assert_eq!(c.listen.max_connections_per_ip, 4);
         assert_eq!(c.listen.agent_address.map(|a| a.port()), Some(9998));
     }
@@ -476,5 +677,28 @@ mod tests {
         assert!(e.contains("invalid type"), "{e}");
         let e = parse(r#"{"metrics": {"enable": true}}"#).unwrap_err();
         assert!(e.contains("enable"), "{e}");
+    }
+
+    #[test]
+    fn telephony_sections_are_validated_by_key() {
+        let c = parse("{}").unwrap();
+        assert!(!c.audiosocket.enabled && c.media_streams.enabled);
+        let c = parse(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0", "params": {"seed": "7"}}}"#).unwrap();
+        assert_eq!(c.audiosocket.params.get("seed").map(String::as_str), Some("7"));
+        let e = parse(r#"{"audiosocket": {"max_payload_bytes": 100}}"#).unwrap_err();
+        assert!(e.contains("audiosocket.max_payload_bytes"), "{e}");
+        let e = parse(r#"{"audiosocket": {"max_payload_bytes": 70000}}"#).unwrap_err();
+        assert!(e.contains("audiosocket.max_payload_bytes"), "{e}");
+        let e = parse(r#"{"audiosocket": {"uuid_timeout_ms": 0}}"#).unwrap_err();
+        assert!(e.contains("audiosocket.uuid_timeout_ms"), "{e}");
+        let e = parse(r#"{"audiosocket": {"enabled": true, "address": "0.0.0.0:9092"}}"#).unwrap_err();
+        assert!(e.contains("audiosocket.allowed_peers"), "{e}");
+        parse(r#"{"audiosocket": {"enabled": true, "address": "0.0.0.0:9092", "allowed_peers": ["10.1.2.3"]}}"#).unwrap();
+        let e = parse(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:8998"}}"#).unwrap_err();
+        assert!(e.contains("audiosocket.address"), "{e}");
+        let e = parse(r#"{"audiosocket": {"enabeld": true}}"#).unwrap_err();
+        assert!(e.contains("enabeld"), "{e}");
+        let e = parse(r#"{"media_streams": {"max_pending_marks": 0}}"#).unwrap_err();
+        assert!(e.contains("media_streams.max_pending_marks"), "{e}");
     }
 }

@@ -85,14 +85,19 @@ pub fn place(config: &Config, allowed: &[usize]) -> Result<CpuPlan> {
             .find(|c| !io_cpus.contains(c))
             .unwrap_or(*allowed.last().expect("checked non-empty")),
     };
-    Ok(CpuPlan { io_cpus, engine_cpu })
+    Ok(CpuPlan {
+        io_cpus,
+        engine_cpu,
+    })
 }
 
 /// The CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
     core_affinity::get_core_ids()
         .map(|ids| ids.into_iter().map(|c| c.id).collect())
-        .unwrap_or_else(|| (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect())
+        .unwrap_or_else(|| {
+            (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+        })
 }
 
 /// The loaded model and what the sessions need to know of it.
@@ -121,21 +126,34 @@ pub fn default_cache_dir() -> PathBuf {
 /// Loads the configured checkpoint (or the demo) on the configured backend.
 pub fn load_model(config: &Config) -> Result<LoadedModel> {
     let (dir, demo) = match &config.model.dir {
-        Some(d) => (CheckpointDir::open(d).with_context(|| format!("loading the checkpoint in {}", d.display()))?, false),
+        Some(d) => (
+            CheckpointDir::open(d)
+                .with_context(|| format!("loading the checkpoint in {}", d.display()))?,
+            false,
+        ),
         None => {
-            let cache = config.model.cache_dir.clone().unwrap_or_else(default_cache_dir);
-            let d = moshid_model::demo::ensure_demo(&cache)
-                .with_context(|| format!("writing the demo checkpoint under {}", cache.display()))?;
+            let cache = config
+                .model
+                .cache_dir
+                .clone()
+                .unwrap_or_else(default_cache_dir);
+            let d = moshid_model::demo::ensure_demo(&cache).with_context(|| {
+                format!("writing the demo checkpoint under {}", cache.display())
+            })?;
             (d, true)
         }
     };
-    dir.check().with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
+    dir.check()
+        .with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
     match config.model.backend {
         Backend::Cuda => bail!(
             "config key `model.backend`: cuda was asked for, but {}",
             moshid_kernels::UNAVAILABLE_REASON
         ),
-        Backend::Auto => eprintln!("<6>backend: cpu (auto: {})", moshid_kernels::UNAVAILABLE_REASON),
+        Backend::Auto => eprintln!(
+            "<6>backend: cpu (auto: {})",
+            moshid_kernels::UNAVAILABLE_REASON
+        ),
         Backend::Cpu => eprintln!("<6>backend: cpu (configured)"),
     }
     let model = CpuModel::load(&dir, config.model.max_slots)
@@ -155,7 +173,10 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         is_hibiki: dir.lm.model_type == moshid_model::config::ModelType::Hibiki,
     };
     let description = if demo {
-        format!("the embedded demo checkpoint ({}; random weights, no speech)", dir.dir.display())
+        format!(
+            "the embedded demo checkpoint ({}; random weights, no speech)",
+            dir.dir.display()
+        )
     } else {
         format!("{} ({:?})", dir.dir.display(), dir.lm.model_type)
     };
@@ -182,7 +203,12 @@ pub struct Hooks {
 }
 
 /// Serves until `stop` reports a signal, then drains and returns.
-pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Receiver<()>) -> Result<()> {
+pub fn run(
+    config: Config,
+    loaded: LoadedModel,
+    mut hooks: Hooks,
+    stop: mpsc::Receiver<()>,
+) -> Result<()> {
     let allowed = allowed_cpus();
     let placement = place(&config, &allowed)?;
     let max_slots = loaded.model.max_slots();
@@ -204,7 +230,11 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
     eprintln!(
         "<6>metrics: stage timings {} (GET /metrics; POST /admin/metrics {})",
         if config.metrics.enabled { "on" } else { "off" },
-        if config.metrics.runtime_switch { "switches them" } else { "disabled by config" }
+        if config.metrics.runtime_switch {
+            "switches them"
+        } else {
+            "disabled by config"
+        }
     );
     eprintln!(
         "<6>cpus: io cores on {:?}, engine on {} (allowed {:?})",
@@ -236,16 +266,36 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
 
     let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
     let lifecycle = Arc::new(AtomicU8::new(RUNNING));
-    let (bound_tx, bound_rx) = mpsc::channel::<Result<SocketAddr, String>>();
+    if config.audiosocket.enabled {
+        crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
+    }
+    let (bound_tx, bound_rx) = mpsc::channel::<Bound>();
     let mut executors = Vec::new();
     let mut addr = config.listen.address;
+    let mut audiosocket_addr = config
+        .audiosocket
+        .enabled
+        .then_some(config.audiosocket.address);
     for (core, port) in ports.into_iter().enumerate() {
         let cpu = placement.io_cpus[core];
-        let ex = spawn_core(core, cpu, addr, port, engine_shared.clone(), shared.clone(), lifecycle.clone(), bound_tx.clone())?;
+        let ex = spawn_core(
+            core,
+            cpu,
+            addr,
+            audiosocket_addr,
+            port,
+            engine_shared.clone(),
+            shared.clone(),
+            lifecycle.clone(),
+            bound_tx.clone(),
+        )?;
         executors.push(ex);
         // Core 0 binds first so that port 0 resolves once for every core.
         match bound_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(a)) => addr = a,
+            Ok(Ok((a, s))) => {
+                addr = a;
+                audiosocket_addr = s;
+            }
             Ok(Err(e)) => bail!("{e}"),
             Err(_) => bail!("I/O core {core} did not start"),
         }
@@ -272,7 +322,17 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
         engine_shared.step_times.predict_ms(max_slots),
         max_slots
     );
-    eprintln!("<6>capacity: {} sessions admissible now", cap.admissible_sessions);
+    eprintln!(
+        "<6>capacity: {} sessions admissible now",
+        cap.admissible_sessions
+    );
+    if let Some(a) = audiosocket_addr {
+        eprintln!(
+            "<6>audiosocket: listening on {a} ({} I/O core(s))",
+            config.runtime.io_cores
+        );
+        println!("audiosocket listening on {a}");
+    }
     if let Some(f) = hooks.on_ready.take() {
         f(addr);
     }
@@ -282,7 +342,10 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
     if let Some(f) = hooks.on_stopping.take() {
         f();
     }
-    eprintln!("<6>stopping: no new sessions; draining {} active", engine_shared.admission().active());
+    eprintln!(
+        "<6>stopping: no new sessions; draining {} active",
+        engine_shared.admission().active()
+    );
     engine_shared.admission().set_accepting(false);
     lifecycle.store(DRAINING, Ordering::Release);
     let grace = Duration::from_millis(config.session.drain_grace_ms);
@@ -304,16 +367,21 @@ pub fn run(config: Config, loaded: LoadedModel, mut hooks: Hooks, stop: mpsc::Re
     Ok(())
 }
 
+/// What a core reports once bound: the listener's address and the
+/// AudioSocket listener's, if any.
+type Bound = Result<(SocketAddr, Option<SocketAddr>), String>;
+
 #[allow(clippy::too_many_arguments)]
 fn spawn_core(
     core: usize,
     cpu: usize,
     addr: SocketAddr,
+    audiosocket_addr: Option<SocketAddr>,
     port: CorePort,
     engine: Arc<EngineShared>,
     shared: Arc<Shared>,
     lifecycle: Arc<AtomicU8>,
-    bound: mpsc::Sender<Result<SocketAddr, String>>,
+    bound: mpsc::Sender<Bound>,
 ) -> Result<glommio::ExecutorJoinHandle<()>> {
     LocalExecutorBuilder::new(Placement::Fixed(cpu))
         .name(&format!("moshid-io-{core}"))
@@ -324,16 +392,40 @@ fn spawn_core(
             let listener = match glommio::net::TcpListener::bind(addr) {
                 Ok(l) => l,
                 Err(e) => {
-                    let _ = bound.send(Err(format!("I/O core {core}: cannot listen on {addr}: {e}")));
+                    let _ = bound.send(Err(format!(
+                        "I/O core {core}: cannot listen on {addr}: {e}"
+                    )));
                     return;
                 }
             };
             let local = listener.local_addr().unwrap_or(addr);
+            // AudioSocket: one more SO_REUSEPORT listener per core.
+            let audiosocket = match audiosocket_addr {
+                None => None,
+                Some(a) => match glommio::net::TcpListener::bind(a) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        let _ = bound.send(Err(format!(
+                            "config key `audiosocket.address`: I/O core {core} cannot listen on {a}: {e}"
+                        )));
+                        return;
+                    }
+                },
+            };
+            let audiosocket_local = audiosocket
+                .as_ref()
+                .map(|l| l.local_addr().unwrap_or(audiosocket_addr.expect("bound")));
             let ctx = CoreContext::new(core, port, engine);
-            let app = CoreApp { ctx: ctx.clone(), shared };
+            let app = CoreApp {
+                ctx: ctx.clone(),
+                shared,
+            };
             let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
+            let mut audiosocket_acceptor = audiosocket.map(|l| {
+                glommio::spawn_local(crate::transport::audiosocket::accept_loop(l, app.clone()))
+            });
             let acceptor = glommio::spawn_local(accept_loop(listener, app));
-            let _ = bound.send(Ok(local));
+            let _ = bound.send(Ok((local, audiosocket_local)));
             let mut acceptor = Some(acceptor);
             loop {
                 glommio::timer::sleep(HOUSEKEEPING_PERIOD).await;
@@ -341,6 +433,9 @@ fn spawn_core(
                 let state = lifecycle.load(Ordering::Acquire);
                 if state >= DRAINING {
                     if let Some(a) = acceptor.take() {
+                        a.cancel().await;
+                    }
+                    if let Some(a) = audiosocket_acceptor.take() {
                         a.cancel().await;
                     }
                 }

@@ -107,10 +107,17 @@ impl Notifier {
     /// engine from `engine` once it is set.
     pub fn from_env(engine: EngineCell) -> Notifier {
         let notify_socket = std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty());
-        let watchdog = if notify_socket { watchdog_interval() } else { None };
+        let watchdog = if notify_socket {
+            watchdog_interval()
+        } else {
+            None
+        };
         if notify_socket {
             match watchdog {
-                Some(w) => eprintln!("<6>systemd: notify socket set, watchdog {} ms (pinged from the engine tick)", w.as_millis()),
+                Some(w) => eprintln!(
+                    "<6>systemd: notify socket set, watchdog {} ms (pinged from the engine tick)",
+                    w.as_millis()
+                ),
                 None => eprintln!("<6>systemd: notify socket set, no watchdog"),
             }
         }
@@ -139,14 +146,16 @@ impl Notifier {
     pub fn ready(&self) {
         self.inner.phase.store(SERVING, Ordering::Release);
         let status = self.inner.status().unwrap_or_else(|| "serving".into());
-        self.inner.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.inner
+            .send(&[NotifyState::Ready, NotifyState::Status(&status)]);
     }
 
     /// `STOPPING=1` plus a status line; the drain follows.
     pub fn stopping(&self) {
         self.inner.phase.store(STOPPING, Ordering::Release);
         let status = self.inner.status().unwrap_or_else(|| "draining".into());
-        self.inner.send(&[NotifyState::Stopping, NotifyState::Status(&status)]);
+        self.inner
+            .send(&[NotifyState::Stopping, NotifyState::Status(&status)]);
     }
 
     /// The engine tick hook: `WATCHDOG=1` every half watchdog interval and
@@ -164,7 +173,9 @@ impl Notifier {
             if inner.phase.load(Ordering::Relaxed) == STARTING {
                 return;
             }
-            let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| now.saturating_duration_since(t) >= every);
+            let due = |last: Option<Instant>, every: Duration| {
+                last.is_none_or(|t| now.saturating_duration_since(t) >= every)
+            };
             if let Some(every) = ping_every {
                 if due(last_ping, every) {
                     last_ping = Some(now);
@@ -193,7 +204,11 @@ mod tests {
         let w = |u, p| watchdog_from(u, p, 42);
         assert_eq!(w(Some("2000000"), None), Some(Duration::from_secs(2)));
         assert_eq!(w(Some("2000000"), Some("42")), Some(Duration::from_secs(2)));
-        assert_eq!(w(Some("2000000"), Some("41")), None, "another process's watchdog");
+        assert_eq!(
+            w(Some("2000000"), Some("41")),
+            None,
+            "another process's watchdog"
+        );
         assert_eq!(w(Some("2000000"), Some("x")), None);
         assert_eq!(w(Some("0"), None), None);
         assert_eq!(w(Some("soon"), None), None);
@@ -208,7 +223,10 @@ mod tests {
         }
         engine.admission().set_accepting(true);
         let cap = engine.capacity();
-        assert_eq!(status_text(false, &cap), "serving: 0 session(s), 8 more admissible, 8 of 8 slots free");
+        assert_eq!(
+            status_text(false, &cap),
+            "serving: 0 session(s), 8 more admissible, 8 of 8 slots free"
+        );
         assert_eq!(status_text(true, &cap), "draining: 0 session(s) left");
     }
 }

@@ -133,6 +133,15 @@ fn serve_one(listener: TcpListener, behaviour: Behaviour) -> ServerLog {
                 ws.send(Message::Binary(data)).unwrap();
                 ws.send(binary(b"\x02hi")).unwrap();
             }
+            // End of input, as the daemon answers it: every frame was
+            // answered, so the session's record, then a close.
+            Ok(Message::Binary(data)) if echo && data[..] == [0x03, 0x01] => {
+                let record = br#"{"session":{"end_reason":{"kind":"input_finished"}}}"#;
+                ws.send(binary(&[&[0x04][..], &record[..]].concat())).unwrap();
+                let _ = ws.close(None);
+                while ws.read().is_ok() {}
+                return log;
+            }
             Ok(_) => {}
             Err(_) => return log,
         }
@@ -348,10 +357,16 @@ fn audio_round_trip_writes_the_wav_and_prints_the_text() {
     assert_eq!(report.frames_sent, 13);
     assert_eq!(report.audio_samples_received, 13 * FRAME_SAMPLES as u64);
     assert_eq!(report.frames_received(), 13);
-    assert!(report.all_answered);
+    assert!(report.all_answered, "{report:?}");
     assert_eq!(report.text, "hi".repeat(13));
     assert_eq!(String::from_utf8(text_out).unwrap(), "hi".repeat(13) + "\n");
-    assert_eq!(report.metadata, vec![json!({"model": "fake"})]);
+    assert_eq!(
+        report.metadata,
+        vec![
+            json!({"model": "fake"}),
+            json!({"session": {"end_reason": {"kind": "input_finished"}}})
+        ]
+    );
 
     let (spec, samples) = read_wav(&opts.output);
     assert_eq!((spec.sample_rate, spec.channels), (24_000, 1));

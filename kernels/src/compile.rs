@@ -71,13 +71,26 @@ pub const MODULES: &[KernelModule] = &[
         name: "elementwise",
         file: "elementwise.cu",
         source: include_str!("../cuda/elementwise.cu"),
-        kernels: &["silu_gate_bf16", "gelu_f32", "elu_f32", "add_scaled_f32", "add_f32", "f32_to_bf16"],
+        kernels: &[
+            "silu_gate_bf16",
+            "gelu_f32",
+            "elu_f32",
+            "add_scaled_f32",
+            "add_f32",
+            "f32_to_bf16",
+        ],
     },
     KernelModule {
         name: "embed",
         file: "embed.cu",
         source: include_str!("../cuda/embed.cu"),
-        kernels: &["token_cache_in", "token_cache_out", "embed_sum", "embed_add_rows", "embed_gather_rows"],
+        kernels: &[
+            "token_cache_in",
+            "token_cache_out",
+            "embed_sum",
+            "embed_add_rows",
+            "embed_gather_rows",
+        ],
     },
     KernelModule {
         name: "sampling",
@@ -178,13 +191,41 @@ pub struct Arch {
 
 /// The architectures this crate knows (bf16 arithmetic needs sm_80).
 const ARCHS: &[Arch] = &[
-    Arch { major: 8, minor: 0, name: "sm_80" },
-    Arch { major: 8, minor: 6, name: "sm_86" },
-    Arch { major: 8, minor: 7, name: "sm_87" },
-    Arch { major: 8, minor: 9, name: "sm_89" },
-    Arch { major: 9, minor: 0, name: "sm_90" },
-    Arch { major: 10, minor: 0, name: "sm_100" },
-    Arch { major: 12, minor: 0, name: "sm_120" },
+    Arch {
+        major: 8,
+        minor: 0,
+        name: "sm_80",
+    },
+    Arch {
+        major: 8,
+        minor: 6,
+        name: "sm_86",
+    },
+    Arch {
+        major: 8,
+        minor: 7,
+        name: "sm_87",
+    },
+    Arch {
+        major: 8,
+        minor: 9,
+        name: "sm_89",
+    },
+    Arch {
+        major: 9,
+        minor: 0,
+        name: "sm_90",
+    },
+    Arch {
+        major: 10,
+        minor: 0,
+        name: "sm_100",
+    },
+    Arch {
+        major: 12,
+        minor: 0,
+        name: "sm_120",
+    },
 ];
 
 fn known_archs() -> String {
@@ -194,7 +235,10 @@ fn known_archs() -> String {
 impl Arch {
     /// Parses `sm_90` (or `90`, `compute_90`).
     pub fn parse(s: &str) -> Result<Arch, CompileError> {
-        let digits = s.trim().trim_start_matches("sm_").trim_start_matches("compute_");
+        let digits = s
+            .trim()
+            .trim_start_matches("sm_")
+            .trim_start_matches("compute_");
         ARCHS
             .iter()
             .find(|a| &a.name[3..] == digits)
@@ -211,7 +255,9 @@ impl Arch {
             .rev()
             .find(|a| (a.major, a.minor) <= (major, minor))
             .copied()
-            .ok_or_else(|| CompileError::UnsupportedArch(format!("compute capability {major}.{minor}")))
+            .ok_or_else(|| {
+                CompileError::UnsupportedArch(format!("compute capability {major}.{minor}"))
+            })
     }
 
     /// `sm_XY`.
@@ -258,7 +304,13 @@ pub struct CompiledModule {
 }
 
 /// The fixed NVRTC options besides the architecture and include paths.
-pub const FIXED_OPTIONS: &[&str] = &["--std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=true"];
+pub const FIXED_OPTIONS: &[&str] = &[
+    "--std=c++17",
+    "--ftz=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+    "--fmad=true",
+];
 
 /// Loads libnvrtc (erroring if absent) and returns its `(major, minor)` version.
 pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
@@ -274,7 +326,9 @@ pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
     // SAFETY: the library is present (checked above), so cudarc's lazy loader
     // finds it; `nvrtcVersion` writes two ints through valid pointers.
     let status = guarded(|| unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) })?;
-    status.result().map_err(|e| CompileError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
+    status
+        .result()
+        .map_err(|e| CompileError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
     Ok((major, minor))
 }
 
@@ -307,7 +361,8 @@ pub fn find_cuda_include(extra: &[PathBuf]) -> Result<PathBuf, CompileError> {
     looked.push(PathBuf::from("/usr/local/cuda/include"));
     looked.push(PathBuf::from("/usr/include"));
     looked.push(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/cuda-wheels/nvidia/cuda_runtime/include"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../.cache/cuda-wheels/nvidia/cuda_runtime/include"),
     );
     looked
         .iter()
@@ -366,10 +421,17 @@ fn cache_path(dir: &Path, m: &KernelModule, arch: Arch, key: u64) -> PathBuf {
 
 /// Compiles one module with NVRTC (no cache). `nvrtc_version` must have
 /// succeeded before (it is what makes the NVRTC calls safe from panics).
-fn nvrtc_compile(m: &'static KernelModule, arch: Arch, include_dirs: &[PathBuf]) -> Result<String, CompileError> {
+fn nvrtc_compile(
+    m: &'static KernelModule,
+    arch: Arch,
+    include_dirs: &[PathBuf],
+) -> Result<String, CompileError> {
     use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
     let opts = CompileOptions {
-        include_paths: include_dirs.iter().map(|p| p.display().to_string()).collect(),
+        include_paths: include_dirs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
         arch: Some(arch.name),
         name: Some(m.file.to_string()),
         options: FIXED_OPTIONS.iter().map(|s| s.to_string()).collect(),
@@ -389,7 +451,10 @@ fn nvrtc_compile(m: &'static KernelModule, arch: Arch, include_dirs: &[PathBuf])
 }
 
 /// Compiles (or reads from the cache) one module.
-pub fn compile_module(m: &'static KernelModule, cfg: &CompileConfig) -> Result<CompiledModule, CompileError> {
+pub fn compile_module(
+    m: &'static KernelModule,
+    cfg: &CompileConfig,
+) -> Result<CompiledModule, CompileError> {
     let version = nvrtc_version()?;
     compile_module_with(m, cfg, version)
 }
@@ -400,7 +465,10 @@ fn compile_module_with(
     version: (i32, i32),
 ) -> Result<CompiledModule, CompileError> {
     let key = cache_key(m, cfg.arch, &cfg.include_dirs, version);
-    let cached = cfg.cache_dir.as_ref().map(|d| cache_path(d, m, cfg.arch, key));
+    let cached = cfg
+        .cache_dir
+        .as_ref()
+        .map(|d| cache_path(d, m, cfg.arch, key));
     if let Some(path) = &cached {
         if let Ok(ptx) = std::fs::read_to_string(path) {
             if missing_entry(m, &ptx).is_none() {
@@ -444,7 +512,10 @@ fn compile_module_with(
 /// Compiles (or reads from the cache) every module of [`MODULES`].
 pub fn compile_all(cfg: &CompileConfig) -> Result<Vec<CompiledModule>, CompileError> {
     let version = nvrtc_version()?;
-    MODULES.iter().map(|m| compile_module_with(m, cfg, version)).collect()
+    MODULES
+        .iter()
+        .map(|m| compile_module_with(m, cfg, version))
+        .collect()
 }
 
 #[cfg(test)]
@@ -457,8 +528,14 @@ mod tests {
         let mut rest = src;
         while let Some(i) = rest.find("extern \"C\" __global__") {
             rest = &rest[i + 1..];
-            let paren = rest.find('(').expect("a kernel signature");
-            let head = &rest[..paren];
+            let body = rest.find('{').expect("a kernel body");
+            let mut sig = rest[..body].to_string();
+            if let Some(lb) = sig.find("__launch_bounds__(") {
+                let close = lb + sig[lb..].find(')').expect("closed launch bounds");
+                sig.replace_range(lb..=close, " ");
+            }
+            let paren = sig.find('(').expect("a kernel signature");
+            let head = &sig[..paren];
             let name = head.split_whitespace().last().expect("a kernel name");
             out.push(name.to_string());
         }
@@ -497,7 +574,10 @@ mod tests {
     fn sources_include_only_cuda_headers() {
         for m in MODULES.iter().map(|m| m.source).chain([COMMON_HEADER]) {
             for line in m.lines().filter(|l| l.trim_start().starts_with("#include")) {
-                assert!(line.contains('<'), "local include `{line}`: NVRTC sees only CUDA's headers");
+                assert!(
+                    line.contains('<'),
+                    "local include `{line}`: NVRTC sees only CUDA's headers"
+                );
             }
         }
     }
@@ -537,7 +617,10 @@ mod tests {
     #[test]
     fn missing_nvrtc_is_an_error_not_a_panic() {
         match nvrtc_version() {
-            Ok(v) => eprintln!("skipped: libnvrtc {}.{} is present, so its absence cannot be tested here", v.0, v.1),
+            Ok(v) => eprintln!(
+                "skipped: libnvrtc {}.{} is present, so its absence cannot be tested here",
+                v.0, v.1
+            ),
             Err(e) => {
                 assert!(matches!(e, CompileError::NvrtcMissing { .. }), "{e}");
                 let cfg = CompileConfig {
@@ -545,7 +628,10 @@ mod tests {
                     include_dirs: vec![],
                     cache_dir: None,
                 };
-                assert!(matches!(compile_all(&cfg), Err(CompileError::NvrtcMissing { .. })));
+                assert!(matches!(
+                    compile_all(&cfg),
+                    Err(CompileError::NvrtcMissing { .. })
+                ));
             }
         }
     }
@@ -555,7 +641,9 @@ mod tests {
         let include = match nvrtc_setup() {
             Ok(p) => p,
             Err(why) => {
-                eprintln!("skipped: {why} (scripts/check-kernels installs NVRTC and runs this check)");
+                eprintln!(
+                    "skipped: {why} (scripts/check-kernels installs NVRTC and runs this check)"
+                );
                 return;
             }
         };
@@ -597,7 +685,10 @@ mod tests {
         };
         match compile_module(&BROKEN, &cfg) {
             Err(CompileError::Compile { log, .. }) => {
-                assert!(log.contains("broken.cu(1)") && log.contains("undefined_name"), "{log}")
+                assert!(
+                    log.contains("broken.cu(1)") && log.contains("undefined_name"),
+                    "{log}"
+                )
             }
             other => panic!("expected a compile error, got {other:?}"),
         }

@@ -25,7 +25,12 @@ fn splitmix64(x: &mut u64) -> u64 {
 /// The state of `Xoshiro256PlusPlus::seed_from_u64(seed)`.
 pub fn seed_state(seed: u64) -> XoshiroState {
     let mut x = seed;
-    [splitmix64(&mut x), splitmix64(&mut x), splitmix64(&mut x), splitmix64(&mut x)]
+    [
+        splitmix64(&mut x),
+        splitmix64(&mut x),
+        splitmix64(&mut x),
+        splitmix64(&mut x),
+    ]
 }
 
 /// One step of xoshiro256++, as `xoshiro_next` in `sampling.cu`.

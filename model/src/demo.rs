@@ -219,8 +219,24 @@ pub fn write_demo(dir: &Path, seed: u64) -> Result<(), DirError> {
     )
     .map_err(io)?;
     std::fs::write(tmp.join("README"), DEMO_README).map_err(io)?;
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::rename(&tmp, dir).map_err(io)?;
+    // Move any old folder aside rather than deleting it in place, so a
+    // process loading it keeps its files; if another process put a folder
+    // there in the meantime, keep theirs (they are identical for one seed).
+    let aside = parent.join(format!(
+        ".{}.old-{}",
+        dir.file_name().and_then(|n| n.to_str()).unwrap_or("demo"),
+        std::process::id()
+    ));
+    if dir.exists() {
+        let _ = std::fs::rename(dir, &aside);
+    }
+    let placed = std::fs::rename(&tmp, dir);
+    let _ = std::fs::remove_dir_all(&aside);
+    if placed.is_err() && dir.join("config.json").is_file() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(());
+    }
+    placed.map_err(io)?;
     Ok(())
 }
 

@@ -83,7 +83,8 @@ pub struct ClientReport {
     pub input_seconds: f64,
     /// From connected to closed.
     pub elapsed: Duration,
-    /// Whether the server answered every frame sent.
+    /// Whether the server confirmed that every frame in flight was answered
+    /// (its final metadata, after the client said its input was finished).
     pub all_answered: bool,
     /// Whether the server closed the connection before the client did.
     pub server_closed: bool,
@@ -114,7 +115,7 @@ impl ClientReport {
             self.elapsed.as_secs_f64(),
         );
         if !self.all_answered {
-            line.push_str("; not every frame was answered");
+            line.push_str("; the server did not confirm the end of the session");
         }
         if self.server_closed {
             line.push_str("; the server closed the connection");
@@ -184,6 +185,12 @@ pub fn run_with_text_output(
         let _ = state.text_out.write_all(b"\n");
         let _ = state.text_out.flush();
     }
+    // The server's final metadata says every frame in flight was answered
+    // (the model's delay means the last frames of a stream have no answer).
+    let all_answered = state
+        .metadata
+        .iter()
+        .any(|m| m["session"]["end_reason"]["kind"] == "input_finished");
     let report = ClientReport {
         frames_total: frames.len() as u64,
         frames_sent,
@@ -192,7 +199,7 @@ pub fn run_with_text_output(
         metadata: std::mem::take(&mut state.metadata),
         input_seconds: audio.seconds(),
         elapsed,
-        all_answered: state.output.samples() >= frames_sent * FRAME_SAMPLES as u64,
+        all_answered,
         server_closed: state.closed,
     };
     let finalized = state.output.finalize();
@@ -289,9 +296,20 @@ fn stream(
         }
     }
 
-    let sent_samples = conn.frames_sent() * FRAME_SAMPLES as u64;
+    // Tell the server the input is over: it answers what is in flight, sends
+    // the session's metadata and closes. The loop ends on that close, or on
+    // the idle timeout with a server that does not know the message.
+    if !state.done() {
+        match conn.send_message(vec![
+            crate::transport::ws_chat::kind::CONTROL,
+            crate::transport::ws_chat::control::END_OF_INPUT,
+        ]) {
+            Ok(()) | Err(ClientError::Disconnected) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let mut last_event = Instant::now();
-    while !state.done() && state.output.samples() < sent_samples {
+    while !state.done() {
         let idle = last_event.elapsed();
         if idle >= opts.idle_timeout {
             break;

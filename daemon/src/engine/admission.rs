@@ -134,7 +134,12 @@ impl AdmissionTable {
     }
 
     /// Admits a session if a slot is free and a group stays within budget.
-    pub fn admit(&mut self, params: SessionParams, times: &StepTimes, budget_ms: f64) -> Result<Ticket, Refusal> {
+    pub fn admit(
+        &mut self,
+        params: SessionParams,
+        times: &StepTimes,
+        budget_ms: f64,
+    ) -> Result<Ticket, Refusal> {
         let r = self.try_admit(params, times, budget_ms);
         match r {
             Ok(_) => self.admitted_total += 1,
@@ -143,7 +148,12 @@ impl AdmissionTable {
         r
     }
 
-    fn try_admit(&mut self, params: SessionParams, times: &StepTimes, budget_ms: f64) -> Result<Ticket, Refusal> {
+    fn try_admit(
+        &mut self,
+        params: SessionParams,
+        times: &StepTimes,
+        budget_ms: f64,
+    ) -> Result<Ticket, Refusal> {
         if !self.accepting {
             return Err(Refusal::NotAccepting);
         }
@@ -250,7 +260,11 @@ impl AdmissionTable {
             active_sessions: self.active(),
             budget_ms,
             accepting: self.accepting,
-            admissible_sessions: if self.accepting { by_budget.min(self.free.len()) } else { 0 },
+            admissible_sessions: if self.accepting {
+                by_budget.min(self.free.len())
+            } else {
+                0
+            },
             groups,
             admitted_total: self.admitted_total,
             refused_total: self.refused_total,
@@ -274,13 +288,24 @@ mod tests {
     fn admits_until_slots_run_out_and_spreads_groups() {
         let t = times(1000, 4);
         let mut a = AdmissionTable::new(4, 2);
-        assert_eq!(a.admit(SessionParams::default(), &t, 30.0), Err(Refusal::NotAccepting));
+        assert_eq!(
+            a.admit(SessionParams::default(), &t, 30.0),
+            Err(Refusal::NotAccepting)
+        );
         a.set_accepting(true);
-        let groups: Vec<u8> = (0..4).map(|_| a.admit(SessionParams::default(), &t, 30.0).unwrap().group).collect();
+        let groups: Vec<u8> = (0..4)
+            .map(|_| a.admit(SessionParams::default(), &t, 30.0).unwrap().group)
+            .collect();
         assert_eq!(groups, vec![0, 1, 0, 1]);
-        assert_eq!(a.admit(SessionParams::default(), &t, 30.0), Err(Refusal::NoFreeSlot));
+        assert_eq!(
+            a.admit(SessionParams::default(), &t, 30.0),
+            Err(Refusal::NoFreeSlot)
+        );
         let c = a.capacity(&t, 30.0);
-        assert_eq!((c.free_slots, c.active_sessions, c.refused_total), (0, 4, 2));
+        assert_eq!(
+            (c.free_slots, c.active_sessions, c.refused_total),
+            (0, 4, 2)
+        );
     }
 
     #[test]

@@ -114,7 +114,12 @@ pub struct EngineShared {
 
 impl EngineShared {
     /// Shared state for a model of `max_slots` over `phase_groups` groups.
-    pub fn new(max_slots: usize, phase_groups: usize, budget_margin_ms: f64, io_cores: usize) -> Self {
+    pub fn new(
+        max_slots: usize,
+        phase_groups: usize,
+        budget_margin_ms: f64,
+        io_cores: usize,
+    ) -> Self {
         EngineShared {
             admission: Mutex::new(AdmissionTable::new(max_slots, phase_groups)),
             step_times: StepTimes::new(max_slots),
@@ -134,7 +139,11 @@ impl EngineShared {
     /// Every per-session table's size, for leak checks (all zero when idle).
     pub fn session_state(&self) -> serde_json::Value {
         let a = self.admission();
-        let r = |v: &Vec<AtomicU64>| v.iter().map(|x| x.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        let r = |v: &Vec<AtomicU64>| {
+            v.iter()
+                .map(|x| x.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
         serde_json::json!({
             "held_slots": a.active(),
             "pending_params": a.pending_params(),
@@ -181,8 +190,10 @@ pub fn core_links(io_cores: usize, capacity_frames: usize) -> (Vec<CoreLink>, Ve
     let mut links = Vec::with_capacity(io_cores);
     let mut ports = Vec::with_capacity(io_cores);
     for _ in 0..io_cores {
-        let (to_engine, from_core) = lane::<ToEngine>(capacity_frames).expect("capacity validated positive");
-        let (to_core, from_engine) = lane::<FromEngine>(capacity_frames).expect("capacity validated positive");
+        let (to_engine, from_core) =
+            lane::<ToEngine>(capacity_frames).expect("capacity validated positive");
+        let (to_core, from_engine) =
+            lane::<FromEngine>(capacity_frames).expect("capacity validated positive");
         let doorbell = Arc::new(Doorbell::new());
         links.push(CoreLink {
             from_core,

@@ -78,7 +78,9 @@ impl Engine {
         let max_slots = model.max_slots();
         let batch = model.new_batch();
         let cores = links.len();
-        let stages = shared.metrics.register(Owner::Engine, shared.phase_groups, max_slots);
+        let stages = shared
+            .metrics
+            .register(Owner::Engine, shared.phase_groups, max_slots);
         Engine {
             model,
             batch,
@@ -136,19 +138,23 @@ impl Engine {
         let start = Instant::now();
         let mut tick: u64 = 0;
         while !self.shared.stop.load(Ordering::Acquire) {
-            let metrics_on = self.shared.metrics.enabled();
             let deadline = start + period.mul_f64(tick as f64);
             let now = Instant::now();
+            let mut late = false;
             if now < deadline {
                 std::thread::sleep(deadline - now);
             } else if now - deadline > period {
                 self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
-                if metrics_on {
-                    self.stages.late_tick();
-                }
+                late = true;
                 let behind = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
                 // Keep the group rotation: jump to the next tick of the same phase.
                 tick += (behind - tick) / groups * groups;
+            }
+            // Read once per tick, after the sleep: frames stamped since the
+            // switch went on are stepped by a tick that records.
+            let metrics_on = self.shared.metrics.enabled();
+            if late && metrics_on {
+                self.stages.late_tick();
             }
             if let Some(hook) = self.on_tick.as_mut() {
                 hook(Instant::now());
@@ -196,7 +202,10 @@ impl Engine {
                     if rec.kind == ToEngineKind::Frame {
                         let s = rec.slot as usize;
                         if let Some(slot) = slots.get_mut(s) {
-                            if slot.open && slot.generation == rec.generation && slot.queue_len < queue_depth {
+                            if slot.open
+                                && slot.generation == rec.generation
+                                && slot.queue_len < queue_depth
+                            {
                                 let idx = (slot.queue_head + slot.queue_len) % queue_depth;
                                 let at = (s * queue_depth + idx) * FRAME_SAMPLES;
                                 queue[at..at + FRAME_SAMPLES].copy_from_slice(&rec.pcm);
@@ -209,11 +218,15 @@ impl Engine {
                     false
                 });
                 let Some(queued) = popped else { break };
-                let Some((kind, slot, generation)) = rec_kind else { break };
+                let Some((kind, slot, generation)) = rec_kind else {
+                    break;
+                };
                 match kind {
                     ToEngineKind::Open => self.open_slot(core, slot, generation),
                     ToEngineKind::Close => self.close_slot(slot, generation),
-                    ToEngineKind::Frame if !queued => self.reject_frame(core, slot, generation, metrics_on),
+                    ToEngineKind::Frame if !queued => {
+                        self.reject_frame(core, slot, generation, metrics_on)
+                    }
                     ToEngineKind::Frame => {}
                 }
             }
@@ -251,7 +264,9 @@ impl Engine {
 
     fn close_slot(&mut self, slot: u32, generation: u32) {
         let s = slot as usize;
-        let Some(st) = self.slots.get_mut(s) else { return };
+        let Some(st) = self.slots.get_mut(s) else {
+            return;
+        };
         if !st.open || st.generation != generation {
             return;
         }
@@ -264,8 +279,15 @@ impl Engine {
     /// A frame for a slot that is full (or stale): tell the session it was dropped.
     fn reject_frame(&mut self, core: usize, slot: u32, generation: u32, metrics_on: bool) {
         let s = slot as usize;
-        if self.slots.get(s).is_some_and(|st| st.open && st.generation == generation) {
-            self.shared.stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
+        if self
+            .slots
+            .get(s)
+            .is_some_and(|st| st.open && st.generation == generation)
+        {
+            self.shared
+                .stats
+                .dropped_frames
+                .fetch_add(1, Ordering::Relaxed);
             if metrics_on {
                 self.stages.dropped_frame();
             }
@@ -276,7 +298,11 @@ impl Engine {
     /// Steps every open slot of `group` that has a frame queued.
     fn step_group(&mut self, group: u8, metrics_on: bool) {
         // Metrics on: the moment the frames are taken into the batch.
-        let fill_start = if metrics_on { Some(Instant::now()) } else { None };
+        let fill_start = if metrics_on {
+            Some(Instant::now())
+        } else {
+            None
+        };
         let mut count = 0u64;
         for (s, st) in self.slots.iter_mut().enumerate() {
             let run = st.open && st.group == group && st.queue_len > 0;
@@ -287,7 +313,8 @@ impl Engine {
                     .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
                 if let Some(taken) = fill_start {
                     if let Some(pushed) = self.queue_stamps[s * self.queue_depth + st.queue_head] {
-                        self.stages.record(Stage::FrameWait, taken.saturating_duration_since(pushed));
+                        self.stages
+                            .record(Stage::FrameWait, taken.saturating_duration_since(pushed));
                     }
                 }
                 st.queue_head = (st.queue_head + 1) % self.queue_depth;
@@ -300,12 +327,14 @@ impl Engine {
         }
         let t = Instant::now();
         if let Some(fill_start) = fill_start {
-            self.stages.record(Stage::BatchFill, t.saturating_duration_since(fill_start));
+            self.stages
+                .record(Stage::BatchFill, t.saturating_duration_since(fill_start));
         }
         let whole_batch_failed = self.model.step(&mut self.batch).is_err();
         let step_time = t.elapsed();
         if metrics_on {
-            self.stages.model_step(group as usize, count as usize, step_time);
+            self.stages
+                .model_step(group as usize, count as usize, step_time);
             self.stages.frames(count);
         }
         let micros = step_time.as_micros().min(u32::MAX as u128) as u32;
@@ -338,7 +367,15 @@ impl Engine {
     }
 
     /// Pushes one record to a core; the PCM comes from the batch output of `pcm_slot`.
-    fn send(&mut self, core: usize, kind: FromEngineKind, slot: u32, generation: u32, token: u32, pcm_slot: Option<usize>) {
+    fn send(
+        &mut self,
+        core: usize,
+        kind: FromEngineKind,
+        slot: u32,
+        generation: u32,
+        token: u32,
+        pcm_slot: Option<usize>,
+    ) {
         self.out.kind = kind;
         self.out.slot = slot;
         self.out.generation = generation;
@@ -347,7 +384,10 @@ impl Engine {
             self.out.pcm.copy_from_slice(self.batch.output(s));
         }
         if self.links[core].to_core.try_push(&self.out).is_err() {
-            self.shared.stats.lost_outputs.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .stats
+                .lost_outputs
+                .fetch_add(1, Ordering::Relaxed);
         }
         self.touched[core] = true;
     }

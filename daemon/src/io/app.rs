@@ -22,6 +22,8 @@ pub struct Shared {
     pub model_info: ModelInfo,
     /// Session ids.
     next_session_id: AtomicU64,
+    /// Live RTP sessions (the control API reaches them from any core).
+    pub rtp: crate::transport::rtp::Registry,
 }
 
 impl Shared {
@@ -32,6 +34,7 @@ impl Shared {
             pieces,
             model_info,
             next_session_id: AtomicU64::new(1),
+            rtp: crate::transport::rtp::Registry::default(),
         }
     }
 

@@ -71,7 +71,9 @@ impl CoreContext {
     /// A context over this core's lanes.
     pub fn new(core: usize, port: CorePort, engine: Arc<EngineShared>) -> Rc<Self> {
         let max_slots = engine.max_slots;
-        let stages = engine.metrics.register(Owner::Core(core), engine.phase_groups, max_slots);
+        let stages = engine
+            .metrics
+            .register(Owner::Core(core), engine.phase_groups, max_slots);
         Rc::new(CoreContext {
             core,
             port: RefCell::new(port),
@@ -93,11 +95,15 @@ impl CoreContext {
 
     /// Admits a session: reserves a slot, routes it here and asks the engine
     /// to open it. `mailbox_frames` bounds the records the mailbox holds.
-    pub fn admit(&self, params: SessionParams, mailbox_frames: usize) -> Result<(Ticket, Rc<Mailbox>), Refusal> {
-        let admitted = self
-            .engine
-            .admission()
-            .admit(params, &self.engine.step_times, self.engine.budget_ms);
+    pub fn admit(
+        &self,
+        params: SessionParams,
+        mailbox_frames: usize,
+    ) -> Result<(Ticket, Rc<Mailbox>), Refusal> {
+        let admitted =
+            self.engine
+                .admission()
+                .admit(params, &self.engine.step_times, self.engine.budget_ms);
         let ticket = match admitted {
             Ok(t) => t,
             Err(refusal) => {
@@ -107,9 +113,20 @@ impl CoreContext {
                 return Err(refusal);
             }
         };
-        if self.push(ToEngineKind::Open, ticket.slot, ticket.generation, None, None).is_err() {
+        if self
+            .push(
+                ToEngineKind::Open,
+                ticket.slot,
+                ticket.generation,
+                None,
+                None,
+            )
+            .is_err()
+        {
             // The engine never saw this admission: hand the slot straight back.
-            self.engine.admission().release(ticket.slot, ticket.generation);
+            self.engine
+                .admission()
+                .release(ticket.slot, ticket.generation);
             if self.metrics_on() {
                 self.stages.refused_session();
             }
@@ -122,7 +139,9 @@ impl CoreContext {
         });
         self.live_sessions.set(self.live_sessions.get() + 1);
         self.publish();
-        self.counters.sessions_started.set(self.counters.sessions_started.get() + 1);
+        self.counters
+            .sessions_started
+            .set(self.counters.sessions_started.get() + 1);
         Ok((ticket, mailbox))
     }
 
@@ -142,9 +161,17 @@ impl CoreContext {
         pcm: &[f32; FRAME_SAMPLES],
         pushed_at: Option<Instant>,
     ) -> Result<(), PushError> {
-        let r = self.push(ToEngineKind::Frame, ticket.slot, ticket.generation, Some(pcm), pushed_at);
+        let r = self.push(
+            ToEngineKind::Frame,
+            ticket.slot,
+            ticket.generation,
+            Some(pcm),
+            pushed_at,
+        );
         if r.is_err() {
-            self.counters.lane_full_frames.set(self.counters.lane_full_frames.get() + 1);
+            self.counters
+                .lane_full_frames
+                .set(self.counters.lane_full_frames.get() + 1);
         }
         if pushed_at.is_some() {
             match r {
@@ -160,14 +187,29 @@ impl CoreContext {
         {
             let mut routes = self.routes.borrow_mut();
             let r = &mut routes[ticket.slot as usize];
-            if r.as_ref().is_some_and(|r| r.generation == ticket.generation) {
+            if r.as_ref()
+                .is_some_and(|r| r.generation == ticket.generation)
+            {
                 *r = None;
                 self.live_sessions.set(self.live_sessions.get() - 1);
-                self.counters.sessions_ended.set(self.counters.sessions_ended.get() + 1);
+                self.counters
+                    .sessions_ended
+                    .set(self.counters.sessions_ended.get() + 1);
             }
         }
-        if self.push(ToEngineKind::Close, ticket.slot, ticket.generation, None, None).is_err() {
-            self.pending_closes.borrow_mut().push((ticket.slot, ticket.generation));
+        if self
+            .push(
+                ToEngineKind::Close,
+                ticket.slot,
+                ticket.generation,
+                None,
+                None,
+            )
+            .is_err()
+        {
+            self.pending_closes
+                .borrow_mut()
+                .push((ticket.slot, ticket.generation));
         }
         self.publish();
     }
@@ -175,8 +217,10 @@ impl CoreContext {
     /// Publishes this core's table sizes (session start and end only).
     fn publish(&self) {
         use std::sync::atomic::Ordering;
-        self.engine.routed_per_core[self.core].store(self.live_sessions.get() as u64, Ordering::Relaxed);
-        self.engine.pending_closes_per_core[self.core].store(self.pending_closes.borrow().len() as u64, Ordering::Relaxed);
+        self.engine.routed_per_core[self.core]
+            .store(self.live_sessions.get() as u64, Ordering::Relaxed);
+        self.engine.pending_closes_per_core[self.core]
+            .store(self.pending_closes.borrow().len() as u64, Ordering::Relaxed);
     }
 
     /// Retries close records that found the lane full.
@@ -187,7 +231,10 @@ impl CoreContext {
         {
             let mut pending = self.pending_closes.borrow_mut();
             while let Some(&(slot, generation)) = pending.last() {
-                if self.push(ToEngineKind::Close, slot, generation, None, None).is_err() {
+                if self
+                    .push(ToEngineKind::Close, slot, generation, None, None)
+                    .is_err()
+                {
                     break;
                 }
                 pending.pop();

@@ -1,7 +1,8 @@
 //! One I/O core's listener: accepts connections (the kernel spreads them
 //! over the cores' SO_REUSEPORT sockets), reads the request head and routes
-//! it: `/api/chat` upgrades to a chat session on this core, the control
-//! endpoints answer JSON.
+//! it: `/api/chat` upgrades to a chat session on this core,
+//! `/v1/media-stream` to a Media Streams session (unless
+//! `media_streams.enabled` is false), the control endpoints answer JSON.
 //!
 //! Invariants: a connection never leaves the core that accepted it; the
 //! number of open connections per core is bounded by configuration (beyond
@@ -39,7 +40,9 @@ impl std::fmt::Display for ConnRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ConnRefusal::CoreFull => "listen.max_connections_per_core reached on this core",
-            ConnRefusal::AddressFull => "listen.max_connections_per_ip reached for this address on this core",
+            ConnRefusal::AddressFull => {
+                "listen.max_connections_per_ip reached for this address on this core"
+            }
         })
     }
 }
@@ -127,7 +130,10 @@ impl ConnTable {
 
     /// Whether a refusal should be logged now (at most every [`REFUSAL_LOG_PERIOD`]).
     fn log_due(&self, now: Instant) -> bool {
-        let due = self.last_log.get().is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD);
+        let due = self
+            .last_log
+            .get()
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD);
         if due {
             self.last_log.set(Some(now));
         }
@@ -224,7 +230,8 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
     let limits = limits(&app);
     let mut buf = Vec::new();
     let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
-    let head = match http::deadline(timeout, http::read_head(&mut stream, &mut buf, &limits)).await {
+    let head = match http::deadline(timeout, http::read_head(&mut stream, &mut buf, &limits)).await
+    {
         Ok(h) => h,
         Err(e) => {
             if !matches!(e, HttpError::ClosedBeforeHead { .. }) {
@@ -251,8 +258,26 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
             };
             let max = app.shared.config.session.max_message_bytes;
             let config = http::ws_config(max, max);
-            if let Ok(ws) = http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await {
+            if let Ok(ws) =
+                http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
+            {
                 ws_chat::run(ws, app, query).await;
+            }
+        }
+        Ok(Route::MediaStream) => {
+            let query = match head.query_pairs() {
+                Ok(q) => q,
+                Err(e) => {
+                    let _ = http::respond_error(&mut stream, &e).await;
+                    return;
+                }
+            };
+            let max = app.shared.config.session.max_message_bytes;
+            let config = http::ws_config(max, max);
+            if let Ok(ws) =
+                http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
+            {
+                crate::transport::media_streams::run(ws, app, query).await;
             }
         }
         Err(e) => {
@@ -264,6 +289,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
 enum Route {
     Done,
     Chat,
+    MediaStream,
 }
 
 async fn route(
@@ -282,12 +308,20 @@ async fn route(
             }
             Ok(Route::Chat)
         }
+        ("GET", "/v1/media-stream") if app.shared.config.media_streams.enabled => {
+            if !head.is_websocket_upgrade() {
+                http::write_error(stream, 426, "/v1/media-stream is a WebSocket endpoint").await?;
+                return Ok(Route::Done);
+            }
+            Ok(Route::MediaStream)
+        }
         ("GET", "/health") => {
             http::write_json(stream, 200, &serde_json::json!({"status": "ok"})).await?;
             Ok(Route::Done)
         }
         ("GET", "/ready") => {
-            let ready = engine.ready.load(std::sync::atomic::Ordering::Acquire) && engine.admission().accepting();
+            let ready = engine.ready.load(std::sync::atomic::Ordering::Acquire)
+                && engine.admission().accepting();
             let status = if ready { 200 } else { 503 };
             http::write_json(stream, status, &serde_json::json!({ "ready": ready })).await?;
             Ok(Route::Done)
@@ -297,6 +331,7 @@ async fn route(
                 "capacity": engine.capacity(),
                 "engine": engine.stats.snapshot(),
                 "session_state": engine.session_state(),
+                "rtp_sessions": app.shared.rtp.len(),
                 "phase_groups": engine.phase_groups,
             });
             http::write_json(stream, 200, &body).await?;
@@ -304,7 +339,14 @@ async fn route(
         }
         ("GET", "/metrics") => {
             let text = crate::metrics::export::render(engine);
-            http::write_response(stream, 200, crate::metrics::export::CONTENT_TYPE, text.as_bytes(), &[]).await?;
+            http::write_response(
+                stream,
+                200,
+                crate::metrics::export::CONTENT_TYPE,
+                text.as_bytes(),
+                &[],
+            )
+            .await?;
             Ok(Route::Done)
         }
         ("GET", "/admin/metrics") => {
@@ -317,7 +359,12 @@ async fn route(
         }
         ("POST", "/admin/metrics") => {
             if !app.shared.config.metrics.runtime_switch {
-                http::write_error(stream, 403, "metrics.runtime_switch is false in the configuration").await?;
+                http::write_error(
+                    stream,
+                    403,
+                    "metrics.runtime_switch is false in the configuration",
+                )
+                .await?;
                 return Ok(Route::Done);
             }
             let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
@@ -337,7 +384,20 @@ async fn route(
                     app.ctx.core
                 );
             }
-            http::write_json(stream, 200, &serde_json::json!({ "enabled": on, "previous": previous })).await?;
+            http::write_json(
+                stream,
+                200,
+                &serde_json::json!({ "enabled": on, "previous": previous }),
+            )
+            .await?;
+            Ok(Route::Done)
+        }
+        (_, path) if crate::transport::rtp::control::owns(path) => {
+            crate::transport::rtp::control::handle(stream, app, head, buf, limits).await?;
+            Ok(Route::Done)
+        }
+        (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {
+            http::write_error(stream, 405, "method not allowed").await?;
             Ok(Route::Done)
         }
         (_, "/api/chat" | "/health" | "/ready" | "/capacity" | "/metrics" | "/admin/metrics") => {
@@ -364,11 +424,18 @@ mod tests {
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let a1 = t.try_open(a).unwrap();
         let a2 = t.try_open(a_mapped).unwrap();
-        assert_eq!(t.try_open(a).err(), Some(ConnRefusal::AddressFull), "mapped IPv4 counts as the same address");
+        assert_eq!(
+            t.try_open(a).err(),
+            Some(ConnRefusal::AddressFull),
+            "mapped IPv4 counts as the same address"
+        );
         let b1 = t.try_open(b).unwrap();
         let b2 = t.try_open(b).unwrap();
         assert_eq!((t.open(), t.addresses()), (4, 2));
-        assert_eq!(t.try_open("10.0.0.3".parse().unwrap()).err(), Some(ConnRefusal::CoreFull));
+        assert_eq!(
+            t.try_open("10.0.0.3".parse().unwrap()).err(),
+            Some(ConnRefusal::CoreFull)
+        );
         assert_eq!(t.addresses(), 2, "a refused address leaves no entry behind");
         drop(a1);
         let a3 = t.try_open(a).unwrap();

@@ -80,34 +80,64 @@ impl Exporter {
 
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge};
-    describe_gauge!("moshid_metrics_enabled", "1 while stage metrics are recorded (POST /admin/metrics)");
+    describe_gauge!(
+        "moshid_metrics_enabled",
+        "1 while stage metrics are recorded (POST /admin/metrics)"
+    );
     describe_gauge!("moshid_active_sessions", "Sessions holding a slot");
     describe_gauge!("moshid_free_slots", "Slots not held by a session");
     describe_gauge!("moshid_accepting", "1 while new sessions are admitted");
-    describe_gauge!("moshid_group_sessions", "Sessions ticking with each phase group");
+    describe_gauge!(
+        "moshid_group_sessions",
+        "Sessions ticking with each phase group"
+    );
     describe_gauge!(
         "moshid_group_free_slots",
         "Sessions each phase group could still admit now (free slots within its step-time budget)"
     );
-    describe_counter!("moshid_sessions_admitted_total", "Sessions admitted since start");
-    describe_counter!("moshid_sessions_refused_total", "Sessions refused since start");
+    describe_counter!(
+        "moshid_sessions_admitted_total",
+        "Sessions admitted since start"
+    );
+    describe_counter!(
+        "moshid_sessions_refused_total",
+        "Sessions refused since start"
+    );
     describe_counter!("moshid_engine_steps_total", "Model steps taken");
-    describe_counter!("moshid_engine_frames_stepped_total", "Stream-frames stepped");
-    describe_counter!("moshid_engine_late_ticks_total", "Ticks that started over one group period late");
-    describe_counter!("moshid_engine_dropped_frames_total", "Frames dropped because a slot's engine queue was full");
-    describe_counter!("moshid_engine_lost_outputs_total", "Outputs lost because an I/O core's lane was full");
+    describe_counter!(
+        "moshid_engine_frames_stepped_total",
+        "Stream-frames stepped"
+    );
+    describe_counter!(
+        "moshid_engine_late_ticks_total",
+        "Ticks that started over one group period late"
+    );
+    describe_counter!(
+        "moshid_engine_dropped_frames_total",
+        "Frames dropped because a slot's engine queue was full"
+    );
+    describe_counter!(
+        "moshid_engine_lost_outputs_total",
+        "Outputs lost because an I/O core's lane was full"
+    );
     describe_counter!("moshid_engine_faults_total", "Per-slot model faults");
     describe_gauge!("moshid_engine_max_batch", "Largest batch stepped");
     describe_counter!(
         "moshid_stage_frames_total",
         "Frames pushed to the engine (I/O cores) or stepped (engine) while metrics were on"
     );
-    describe_counter!("moshid_stage_late_ticks_total", "Late engine ticks while metrics were on");
+    describe_counter!(
+        "moshid_stage_late_ticks_total",
+        "Late engine ticks while metrics were on"
+    );
     describe_counter!(
         "moshid_stage_dropped_frames_total",
         "Frames dropped (lane full on a core, slot queue full at the engine) while metrics were on"
     );
-    describe_counter!("moshid_stage_refused_sessions_total", "Sessions refused on a core while metrics were on");
+    describe_counter!(
+        "moshid_stage_refused_sessions_total",
+        "Sessions refused on a core while metrics were on"
+    );
 }
 
 /// Every thread's snapshot folded into one.
@@ -160,7 +190,10 @@ fn owns(owner: Owner, stage: Stage) -> bool {
 /// Sessions group `load` could still take within `budget_ms`, capped by `free`.
 fn group_headroom(shared: &EngineShared, load: usize, free: usize) -> usize {
     let mut n = 0;
-    while n < free && load + n < shared.max_slots && shared.step_times.predict_ms(load + n + 1) <= shared.budget_ms {
+    while n < free
+        && load + n < shared.max_slots
+        && shared.step_times.predict_ms(load + n + 1) <= shared.budget_ms
+    {
         n += 1;
     }
     n
@@ -244,7 +277,11 @@ pub fn write_histograms(out: &mut String, snaps: &[ThreadSnapshot], folded: &Fol
         for stage in Stage::ALL {
             let h = s.stage(stage);
             if owns(s.owner, stage) || h.count() > 0 {
-                write_histogram(out, &format!("stage=\"{}\",core=\"{core}\"", stage.label()), h);
+                write_histogram(
+                    out,
+                    &format!("stage=\"{}\",core=\"{core}\"", stage.label()),
+                    h,
+                );
             }
         }
         for m in &s.model_step {
@@ -256,18 +293,36 @@ pub fn write_histograms(out: &mut String, snaps: &[ThreadSnapshot], folded: &Fol
         }
     }
     for stage in Stage::ALL {
-        write_histogram(out, &format!("stage=\"{}\",core=\"all\"", stage.label()), &folded.stages[stage as usize]);
+        write_histogram(
+            out,
+            &format!("stage=\"{}\",core=\"all\"", stage.label()),
+            &folded.stages[stage as usize],
+        );
     }
-    write_histogram(out, &format!("stage=\"{MODEL_STEP_LABEL}\",core=\"all\""), &folded.model_step);
+    write_histogram(
+        out,
+        &format!("stage=\"{MODEL_STEP_LABEL}\",core=\"all\""),
+        &folded.model_step,
+    );
 }
 
 fn write_histogram(out: &mut String, labels: &str, h: &HistogramSnapshot) {
     for (le, count) in h.cumulative() {
-        let _ = writeln!(out, "{STAGE_HISTOGRAM}_bucket{{{labels},le=\"{le}\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{STAGE_HISTOGRAM}_bucket{{{labels},le=\"{le}\"}} {count}"
+        );
     }
     let count = h.count();
-    let _ = writeln!(out, "{STAGE_HISTOGRAM}_bucket{{{labels},le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{STAGE_HISTOGRAM}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
+    let _ = writeln!(
+        out,
+        "{STAGE_HISTOGRAM}_bucket{{{labels},le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(
+        out,
+        "{STAGE_HISTOGRAM}_sum{{{labels}}} {}",
+        h.sum_ns as f64 / 1e9
+    );
     let _ = writeln!(out, "{STAGE_HISTOGRAM}_count{{{labels}}} {count}");
 }
 
@@ -279,8 +334,13 @@ mod tests {
 
     /// The value of the sample `name{labels}` (labels exactly as written).
     fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok())
+        text.lines().find_map(|l| {
+            l.strip_prefix(name_and_labels)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     #[test]
@@ -306,43 +366,114 @@ mod tests {
         let decode = &f.stages[Stage::Decode as usize];
         assert_eq!(decode.count(), 3);
         assert_eq!(decode.sum_ns, 30_000 + 70_000 + 10_000_000_000);
-        assert_eq!(decode.buckets[crate::metrics::histogram::OVERFLOW_BUCKET], 1);
+        assert_eq!(
+            decode.buckets[crate::metrics::histogram::OVERFLOW_BUCKET],
+            1
+        );
         assert_eq!(f.stages[Stage::FrameWait as usize].count(), 1);
         assert_eq!(f.model_step.count(), 2);
         assert_eq!(f.model_step.sum_ns, 13_000_000);
         assert_eq!((f.frames_pushed, f.frames_stepped), (3, 3));
-        assert_eq!((f.late_ticks, f.dropped_frames, f.refused_sessions), (1, 1, 1));
+        assert_eq!(
+            (f.late_ticks, f.dropped_frames, f.refused_sessions),
+            (1, 1, 1)
+        );
 
         let text = render(&shared);
         let h = STAGE_HISTOGRAM;
-        assert_eq!(sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"0\"}}")), Some(1.0));
-        assert_eq!(sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"1\"}}")), Some(2.0));
-        assert_eq!(sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"all\"}}")), Some(3.0));
-        assert_eq!(sample(&text, &format!("{h}_bucket{{stage=\"decode\",core=\"all\",le=\"+Inf\"}}")), Some(3.0));
+        assert_eq!(
+            sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"0\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"1\"}}")),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_count{{stage=\"decode\",core=\"all\"}}")
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_bucket{{stage=\"decode\",core=\"all\",le=\"+Inf\"}}")
+            ),
+            Some(3.0)
+        );
         // The 10 s sample is in +Inf only: the largest finite bucket holds 2.
         let last_le = crate::metrics::histogram::upper_bound_ns(FINITE_BUCKETS - 1) as f64 / 1e9;
         assert_eq!(
-            sample(&text, &format!("{h}_bucket{{stage=\"decode\",core=\"all\",le=\"{last_le}\"}}")),
+            sample(
+                &text,
+                &format!("{h}_bucket{{stage=\"decode\",core=\"all\",le=\"{last_le}\"}}")
+            ),
             Some(2.0)
         );
-        assert_eq!(sample(&text, &format!("{h}_bucket{{stage=\"decode\",core=\"0\",le=\"0.000032\"}}")), Some(1.0));
-        assert_eq!(sample(&text, &format!("{h}_bucket{{stage=\"decode\",core=\"0\",le=\"0.000016\"}}")), Some(0.0));
         assert_eq!(
-            sample(&text, &format!("{h}_count{{stage=\"model_step\",core=\"engine\",group=\"1\",batch=\"5-8\"}}")),
+            sample(
+                &text,
+                &format!("{h}_bucket{{stage=\"decode\",core=\"0\",le=\"0.000032\"}}")
+            ),
             Some(1.0)
         );
-        assert_eq!(sample(&text, &format!("{h}_count{{stage=\"model_step\",core=\"all\"}}")), Some(2.0));
-        assert_eq!(sample(&text, &format!("{h}_sum{{stage=\"model_step\",core=\"all\"}}")), Some(0.013));
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_bucket{{stage=\"decode\",core=\"0\",le=\"0.000016\"}}")
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(
+                    "{h}_count{{stage=\"model_step\",core=\"engine\",group=\"1\",batch=\"5-8\"}}"
+                )
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_count{{stage=\"model_step\",core=\"all\"}}")
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_sum{{stage=\"model_step\",core=\"all\"}}")
+            ),
+            Some(0.013)
+        );
         // Engine stages are not listed for cores that never record them.
         assert!(!text.contains("stage=\"frame_wait\",core=\"0\""));
-        assert_eq!(sample(&text, "moshid_stage_frames_total{core=\"all\"}"), Some(6.0));
-        assert_eq!(sample(&text, "moshid_stage_frames_total{core=\"engine\"}"), Some(3.0));
-        assert_eq!(sample(&text, "moshid_stage_refused_sessions_total{core=\"1\"}"), Some(1.0));
-        assert_eq!(sample(&text, "moshid_stage_late_ticks_total{core=\"all\"}"), Some(1.0));
+        assert_eq!(
+            sample(&text, "moshid_stage_frames_total{core=\"all\"}"),
+            Some(6.0)
+        );
+        assert_eq!(
+            sample(&text, "moshid_stage_frames_total{core=\"engine\"}"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "moshid_stage_refused_sessions_total{core=\"1\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "moshid_stage_late_ticks_total{core=\"all\"}"),
+            Some(1.0)
+        );
         // Always-on series come from EngineShared.
         assert_eq!(sample(&text, "moshid_metrics_enabled"), Some(0.0));
         assert_eq!(sample(&text, "moshid_free_slots"), Some(8.0));
-        assert_eq!(sample(&text, "moshid_group_sessions{group=\"1\"}"), Some(0.0));
+        assert_eq!(
+            sample(&text, "moshid_group_sessions{group=\"1\"}"),
+            Some(0.0)
+        );
         assert_eq!(sample(&text, "moshid_engine_steps_total"), Some(0.0));
         assert!(text.contains("# TYPE moshid_stage_duration_seconds histogram"));
         assert!(text.contains("# TYPE moshid_engine_steps_total counter"));
@@ -351,7 +482,13 @@ mod tests {
         c0.record(Stage::Decode, Duration::from_micros(1));
         shared.metrics.set_enabled(true);
         let text = render(&shared);
-        assert_eq!(sample(&text, &format!("{h}_count{{stage=\"decode\",core=\"all\"}}")), Some(4.0));
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{h}_count{{stage=\"decode\",core=\"all\"}}")
+            ),
+            Some(4.0)
+        );
         assert_eq!(sample(&text, "moshid_metrics_enabled"), Some(1.0));
     }
 }

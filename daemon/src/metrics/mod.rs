@@ -149,7 +149,13 @@ mod tests {
     fn switch_body_is_strict() {
         assert_eq!(parse_switch_body(br#"{"enabled": true}"#), Ok(true));
         assert_eq!(parse_switch_body(br#"{"enabled":false}"#), Ok(false));
-        for bad in [&b""[..], b"{}", br#"{"enabled": 1}"#, br#"{"enabled": true, "x": 1}"#, b"on"] {
+        for bad in [
+            &b""[..],
+            b"{}",
+            br#"{"enabled": 1}"#,
+            br#"{"enabled": true, "x": 1}"#,
+            b"on",
+        ] {
             let e = parse_switch_body(bad).unwrap_err();
             assert!(e.contains("\"enabled\": true|false"), "{e}");
         }

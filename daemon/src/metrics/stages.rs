@@ -65,7 +65,13 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage in index order.
-    pub const ALL: [Stage; 5] = [Stage::Decode, Stage::FrameWait, Stage::BatchFill, Stage::Encode, Stage::Send];
+    pub const ALL: [Stage; 5] = [
+        Stage::Decode,
+        Stage::FrameWait,
+        Stage::BatchFill,
+        Stage::Encode,
+        Stage::Send,
+    ];
 
     /// The `stage` label.
     pub fn label(self) -> &'static str {
@@ -134,7 +140,9 @@ impl StageCounters {
             max_slots: max_slots.max(1),
             batch_buckets,
             stages: Default::default(),
-            model_step: (0..phase_groups * batch_buckets).map(|_| Histogram::default()).collect(),
+            model_step: (0..phase_groups * batch_buckets)
+                .map(|_| Histogram::default())
+                .collect(),
             frames: SingleWriterCounter::default(),
             late_ticks: SingleWriterCounter::default(),
             dropped_frames: SingleWriterCounter::default(),
@@ -293,7 +301,10 @@ mod tests {
 
     #[test]
     fn batch_buckets_and_labels() {
-        let b: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 16, 17].iter().map(|&n| batch_bucket(n)).collect();
+        let b: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 16, 17]
+            .iter()
+            .map(|&n| batch_bucket(n))
+            .collect();
         assert_eq!(b, vec![0, 1, 2, 2, 3, 3, 4, 4, 5]);
         let labels: Vec<String> = (0..=3).map(|b| batch_label(b, 6)).collect();
         assert_eq!(labels, vec!["1", "2", "3-4", "5-6"]);
@@ -317,10 +328,16 @@ mod tests {
         assert_eq!(s.stage(Stage::FrameWait).count(), 2);
         assert_eq!(s.stage(Stage::Decode).count(), 0);
         assert_eq!(s.model_step_total().count(), 3);
-        let keys: Vec<(usize, &str, u64)> =
-            s.model_step.iter().map(|m| (m.group, m.batch.as_str(), m.histogram.count())).collect();
+        let keys: Vec<(usize, &str, u64)> = s
+            .model_step
+            .iter()
+            .map(|m| (m.group, m.batch.as_str(), m.histogram.count()))
+            .collect();
         assert_eq!(keys, vec![(0, "1", 1), (1, "5-8", 2)]);
-        assert_eq!((s.frames, s.late_ticks, s.dropped_frames, s.refused_sessions), (6, 1, 1, 0));
+        assert_eq!(
+            (s.frames, s.late_ticks, s.dropped_frames, s.refused_sessions),
+            (6, 1, 1, 0)
+        );
         assert_eq!(s.owner.label(), "engine");
         assert_eq!(Owner::Core(3).label(), "3");
     }

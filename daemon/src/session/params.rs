@@ -37,7 +37,9 @@ fn err(key: &str, why: impl Into<String>) -> ParamError {
 }
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ParamError> {
-    v.trim().parse().map_err(|_| err(key, format!("`{v}` is not a valid number")))
+    v.trim()
+        .parse()
+        .map_err(|_| err(key, format!("`{v}` is not a valid number")))
 }
 
 fn temperature(key: &str, v: &str) -> Result<f32, ParamError> {
@@ -61,7 +63,11 @@ fn topk(key: &str, v: &str) -> Result<usize, ParamError> {
 /// Keys: `text_temperature`, `text_topk`, `audio_temperature`, `audio_topk`,
 /// `seed` (aliases `text_seed`, `audio_seed`), `greedy` (`true`/`false`),
 /// `cfg_coef`, `condition.NAME=VALUE` and `null_condition.NAME=VALUE`.
-pub fn session_params(pairs: &[(String, String)], defaults: &GenDefaults, model: &ModelInfo) -> Result<SessionParams, ParamError> {
+pub fn session_params(
+    pairs: &[(String, String)],
+    defaults: &GenDefaults,
+    model: &ModelInfo,
+) -> Result<SessionParams, ParamError> {
     let mut g = GenParams {
         use_sampling: true,
         temp: defaults.audio_temperature,
@@ -113,7 +119,10 @@ pub fn session_params(pairs: &[(String, String)], defaults: &GenDefaults, model:
         }
     }
     if g.cfg_coef != 1.0 && model.conditioners.is_empty() {
-        return Err(err("cfg_coef", "this model has no conditioners to guide with"));
+        return Err(err(
+            "cfg_coef",
+            "this model has no conditioners to guide with",
+        ));
     }
     if !seeded {
         // An unseeded session still gets its own stream of random numbers.
@@ -122,7 +131,12 @@ pub fn session_params(pairs: &[(String, String)], defaults: &GenDefaults, model:
     Ok(SessionParams { gen: g })
 }
 
-fn check_condition(key: &str, name: &str, value: &str, model: &ModelInfo) -> Result<(), ParamError> {
+fn check_condition(
+    key: &str,
+    name: &str,
+    value: &str,
+    model: &ModelInfo,
+) -> Result<(), ParamError> {
     let Some((_, values)) = model.conditioners.iter().find(|(n, _)| n == name) else {
         return Err(err(key, format!("the model has no conditioner `{name}`")));
     };
@@ -135,7 +149,11 @@ fn check_condition(key: &str, name: &str, value: &str, model: &ModelInfo) -> Res
 fn fresh_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.finish()
 }
 
@@ -144,12 +162,17 @@ mod tests {
     use super::*;
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn hibiki() -> ModelInfo {
         ModelInfo {
-            conditioners: vec![("description".into(), vec!["very_good".into(), "very_bad".into()])],
+            conditioners: vec![(
+                "description".into(),
+                vec!["very_good".into(), "very_bad".into()],
+            )],
             is_hibiki: true,
         }
     }
@@ -157,7 +180,17 @@ mod tests {
     #[test]
     fn defaults_then_overrides() {
         let d = GenDefaults::default();
-        let p = session_params(&pairs(&[("text_temperature", "0.5"), ("audio_topk", "100"), ("seed", "-3"), ("pad_mult", "1")]), &d, &ModelInfo::default()).unwrap();
+        let p = session_params(
+            &pairs(&[
+                ("text_temperature", "0.5"),
+                ("audio_topk", "100"),
+                ("seed", "-3"),
+                ("pad_mult", "1"),
+            ]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
         assert_eq!(p.gen.temp_text, 0.5);
         assert_eq!(p.gen.top_k, 100);
         assert_eq!(p.gen.top_k_text, 25);
@@ -167,20 +200,40 @@ mod tests {
     #[test]
     fn bad_values_name_the_key() {
         let d = GenDefaults::default();
-        let e = session_params(&pairs(&[("text_topk", "many")]), &d, &ModelInfo::default()).unwrap_err();
+        let e = session_params(&pairs(&[("text_topk", "many")]), &d, &ModelInfo::default())
+            .unwrap_err();
         assert_eq!(e.key, "text_topk");
-        let e = session_params(&pairs(&[("audio_temperature", "-1")]), &d, &ModelInfo::default()).unwrap_err();
+        let e = session_params(
+            &pairs(&[("audio_temperature", "-1")]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap_err();
         assert_eq!(e.key, "audio_temperature");
-        let e = session_params(&pairs(&[("cfg_coef", "3")]), &d, &ModelInfo::default()).unwrap_err();
+        let e =
+            session_params(&pairs(&[("cfg_coef", "3")]), &d, &ModelInfo::default()).unwrap_err();
         assert_eq!(e.key, "cfg_coef");
     }
 
     #[test]
     fn conditions_are_checked_against_the_model() {
         let d = GenDefaults::default();
-        let p = session_params(&pairs(&[("condition.description", "very_good"), ("null_condition.description", "very_bad"), ("cfg_coef", "3")]), &d, &hibiki()).unwrap();
-        assert_eq!(p.gen.conditions, vec![("description".to_string(), "very_good".to_string())]);
-        let e = session_params(&pairs(&[("condition.description", "meh")]), &d, &hibiki()).unwrap_err();
+        let p = session_params(
+            &pairs(&[
+                ("condition.description", "very_good"),
+                ("null_condition.description", "very_bad"),
+                ("cfg_coef", "3"),
+            ]),
+            &d,
+            &hibiki(),
+        )
+        .unwrap();
+        assert_eq!(
+            p.gen.conditions,
+            vec![("description".to_string(), "very_good".to_string())]
+        );
+        let e =
+            session_params(&pairs(&[("condition.description", "meh")]), &d, &hibiki()).unwrap_err();
         assert!(e.to_string().contains("meh"));
         let e = session_params(&pairs(&[("condition.mood", "x")]), &d, &hibiki()).unwrap_err();
         assert!(e.to_string().contains("mood"));

@@ -12,6 +12,8 @@ use std::time::Instant;
 pub enum EndReason {
     /// The client closed the connection or the stream.
     ClientClosed,
+    /// The client said its input was finished and every frame was answered.
+    InputFinished,
     /// The client broke the protocol (the detail says how).
     ProtocolError(String),
     /// The client sent nothing for too long.
@@ -39,6 +41,7 @@ impl EndReason {
     pub fn label(&self) -> &'static str {
         match self {
             EndReason::ClientClosed => "client_closed",
+            EndReason::InputFinished => "input_finished",
             EndReason::ProtocolError(_) => "protocol_error",
             EndReason::IdleTimeout => "idle_timeout",
             EndReason::MaxDuration => "max_duration",

@@ -87,18 +87,28 @@ impl CodecSpec {
             "L16" | "SLIN" => {
                 let rate = sample_rate_hz.unwrap_or(8_000);
                 if !L16_RATES_HZ.contains(&rate) {
-                    return Err(CodecError::Unsupported(format!("L16 at {rate} Hz is not supported (one of {L16_RATES_HZ:?})")));
+                    return Err(CodecError::Unsupported(format!(
+                        "L16 at {rate} Hz is not supported (one of {L16_RATES_HZ:?})"
+                    )));
                 }
                 return Ok(CodecSpec {
                     kind: CodecKind::L16,
                     sample_rate_hz: rate,
                 });
             }
-            _ => return Err(CodecError::Unsupported(format!("unknown codec `{name}` (PCMU, PCMA, L16, opus)"))),
+            _ => {
+                return Err(CodecError::Unsupported(format!(
+                    "unknown codec `{name}` (PCMU, PCMA, L16, opus)"
+                )))
+            }
         };
         if let Some(r) = sample_rate_hz {
             if r != spec.sample_rate_hz {
-                return Err(CodecError::Unsupported(format!("{} runs at {} Hz, not {r}", spec.name(), spec.sample_rate_hz)));
+                return Err(CodecError::Unsupported(format!(
+                    "{} runs at {} Hz, not {r}",
+                    spec.name(),
+                    spec.sample_rate_hz
+                )));
             }
         }
         Ok(spec)
@@ -180,7 +190,9 @@ impl CodecSpec {
                 if payload.is_empty() {
                     return None;
                 }
-                opus::packet::get_nb_samples(payload, 48_000).ok().map(|n| n as u32)
+                opus::packet::get_nb_samples(payload, 48_000)
+                    .ok()
+                    .map(|n| n as u32)
             }
         }
     }
@@ -196,7 +208,9 @@ impl MediaDecoder {
     /// A decoder for `spec`.
     pub fn new(spec: CodecSpec) -> Result<Self, CodecError> {
         let opus = match spec.kind {
-            CodecKind::Opus => Some(opus::Decoder::new(spec.media_rate_hz(), opus::Channels::Mono).map_err(opus_err)?),
+            CodecKind::Opus => Some(
+                opus::Decoder::new(spec.media_rate_hz(), opus::Channels::Mono).map_err(opus_err)?,
+            ),
             _ => None,
         };
         Ok(MediaDecoder { spec, opus })
@@ -218,7 +232,11 @@ impl MediaDecoder {
         match self.spec.kind {
             CodecKind::Pcmu | CodecKind::Pcma => {
                 let n = payload.len().min(out.len());
-                let law = if self.spec.kind == CodecKind::Pcmu { Law::Mu } else { Law::A };
+                let law = if self.spec.kind == CodecKind::Pcmu {
+                    Law::Mu
+                } else {
+                    Law::A
+                };
                 law.decode(&payload[..n], &mut out[..n]);
                 Ok(n)
             }
@@ -243,10 +261,9 @@ impl MediaDecoder {
     /// that followed it when `next` is given, else by packet loss
     /// concealment. Returns the samples written.
     pub fn conceal(&mut self, out: &mut [f32], next: Option<&[u8]>) -> Result<usize, CodecError> {
-        let dec = self
-            .opus
-            .as_mut()
-            .ok_or_else(|| CodecError::Unsupported("no native concealment for this codec".into()))?;
+        let dec = self.opus.as_mut().ok_or_else(|| {
+            CodecError::Unsupported("no native concealment for this codec".into())
+        })?;
         match next {
             Some(p) if !p.is_empty() => dec.decode_float(p, out, true).map_err(opus_err),
             _ => dec.decode_float(&[], out, false).map_err(opus_err),
@@ -272,7 +289,12 @@ impl MediaEncoder {
     pub fn new(spec: CodecSpec) -> Result<Self, CodecError> {
         let opus = match spec.kind {
             CodecKind::Opus => {
-                let mut e = opus::Encoder::new(spec.media_rate_hz(), opus::Channels::Mono, opus::Application::Voip).map_err(opus_err)?;
+                let mut e = opus::Encoder::new(
+                    spec.media_rate_hz(),
+                    opus::Channels::Mono,
+                    opus::Application::Voip,
+                )
+                .map_err(opus_err)?;
                 e.set_inband_fec(true).map_err(opus_err)?;
                 e.set_packet_loss_perc(5).map_err(opus_err)?;
                 Some(e)
@@ -288,12 +310,21 @@ impl MediaEncoder {
         match self.spec.kind {
             CodecKind::Pcmu | CodecKind::Pcma => {
                 let n = pcm.len().min(out.len());
-                let law = if self.spec.kind == CodecKind::Pcmu { Law::Mu } else { Law::A };
+                let law = if self.spec.kind == CodecKind::Pcmu {
+                    Law::Mu
+                } else {
+                    Law::A
+                };
                 law.encode(&pcm[..n], &mut out[..n]);
                 Ok(n)
             }
             CodecKind::L16 => Ok(l16::encode(pcm, out)),
-            CodecKind::Opus => self.opus.as_mut().expect("made for Opus").encode_float(pcm, out).map_err(opus_err),
+            CodecKind::Opus => self
+                .opus
+                .as_mut()
+                .expect("made for Opus")
+                .encode_float(pcm, out)
+                .map_err(opus_err),
         }
     }
 
@@ -304,7 +335,11 @@ impl MediaEncoder {
     pub fn stateless_silence(&self, samples: usize, out: &mut [u8]) -> Option<usize> {
         match self.spec.kind {
             CodecKind::Pcmu | CodecKind::Pcma => {
-                let law = if self.spec.kind == CodecKind::Pcmu { Law::Mu } else { Law::A };
+                let law = if self.spec.kind == CodecKind::Pcmu {
+                    Law::Mu
+                } else {
+                    Law::A
+                };
                 let n = samples.min(out.len());
                 out[..n].fill(law.silence());
                 Some(n)
@@ -326,9 +361,15 @@ mod tests {
     #[test]
     fn parse_and_rates() {
         let s = CodecSpec::parse("pcmu", None).unwrap();
-        assert_eq!((s.rtp_clock_hz(), s.media_rate_hz(), s.rtp_per_media()), (8000, 8000, 1));
+        assert_eq!(
+            (s.rtp_clock_hz(), s.media_rate_hz(), s.rtp_per_media()),
+            (8000, 8000, 1)
+        );
         let s = CodecSpec::parse("opus", Some(48_000)).unwrap();
-        assert_eq!((s.rtp_clock_hz(), s.media_rate_hz(), s.rtp_per_media()), (48_000, 24_000, 2));
+        assert_eq!(
+            (s.rtp_clock_hz(), s.media_rate_hz(), s.rtp_per_media()),
+            (48_000, 24_000, 2)
+        );
         let s = CodecSpec::parse("L16", Some(16_000)).unwrap();
         assert_eq!(s.media_samples(20), 320);
         assert!(CodecSpec::parse("L16", Some(11_025)).is_err());
@@ -350,6 +391,9 @@ mod tests {
         let mut out = vec![0f32; spec.max_packet_media_samples()];
         assert_eq!(dec.decode(&payload[..n], &mut out).unwrap(), 480);
         assert_eq!(dec.conceal(&mut out[..480], None).unwrap(), 480);
-        assert_eq!(dec.conceal(&mut out[..480], Some(&payload[..n])).unwrap(), 480);
+        assert_eq!(
+            dec.conceal(&mut out[..480], Some(&payload[..n])).unwrap(),
+            480
+        );
     }
 }

@@ -54,12 +54,20 @@ const fn ulaw_decode_ref(code: u8) -> i16 {
     let u = !code as i32 & 0xFF;
     let mut t = ((u & 0x0F) << 3) + ULAW_BIAS;
     t <<= (u & 0x70) >> 4;
-    (if u & 0x80 != 0 { ULAW_BIAS - t } else { t - ULAW_BIAS }) as i16
+    (if u & 0x80 != 0 {
+        ULAW_BIAS - t
+    } else {
+        t - ULAW_BIAS
+    }) as i16
 }
 
 /// Reference A-law encoder on a 13-bit value (the 16-bit sample >> 3).
 const fn alaw_encode_13(v13: i32) -> u8 {
-    let (v, mask) = if v13 >= 0 { (v13, 0xD5) } else { (-v13 - 1, 0x55) };
+    let (v, mask) = if v13 >= 0 {
+        (v13, 0xD5)
+    } else {
+        (-v13 - 1, 0x55)
+    };
     let seg = search(v, &SEG_AEND);
     if seg >= 8 {
         (0x7F ^ mask) as u8
@@ -115,7 +123,11 @@ const fn build_ulaw_encode() -> [u8; 1 << 14] {
     let mut t = [0u8; 1 << 14];
     let mut i = 0;
     while i < (1 << 14) {
-        let v = if i >= (1 << 13) { i as i32 - (1 << 14) } else { i as i32 };
+        let v = if i >= (1 << 13) {
+            i as i32 - (1 << 14)
+        } else {
+            i as i32
+        };
         t[i] = ulaw_encode_14(v);
         i += 1;
     }
@@ -127,7 +139,11 @@ const fn build_alaw_encode() -> [u8; 1 << 13] {
     let mut t = [0u8; 1 << 13];
     let mut i = 0;
     while i < (1 << 13) {
-        let v = if i >= (1 << 12) { i as i32 - (1 << 13) } else { i as i32 };
+        let v = if i >= (1 << 12) {
+            i as i32 - (1 << 13)
+        } else {
+            i as i32
+        };
         t[i] = alaw_encode_13(v);
         i += 1;
     }
@@ -259,8 +275,16 @@ mod tests {
     #[test]
     fn tables_match_the_reference_on_every_16_bit_input() {
         for s in i16::MIN..=i16::MAX {
-            assert_eq!(linear_to_ulaw(s), ulaw_encode_14(s as i32 >> 2), "μ-law {s}");
-            assert_eq!(linear_to_alaw(s), alaw_encode_13(s as i32 >> 3), "A-law {s}");
+            assert_eq!(
+                linear_to_ulaw(s),
+                ulaw_encode_14(s as i32 >> 2),
+                "μ-law {s}"
+            );
+            assert_eq!(
+                linear_to_alaw(s),
+                alaw_encode_13(s as i32 >> 3),
+                "A-law {s}"
+            );
         }
     }
 

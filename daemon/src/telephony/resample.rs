@@ -40,19 +40,30 @@ pub struct FrameResampler {
 impl FrameResampler {
     /// A resampler for frames of `frame_ms` (a multiple of [`CHUNK_MS`]).
     pub fn new(from_hz: u32, to_hz: u32, frame_ms: u32) -> Result<Self, ResampleError> {
-        let err = |why: String| ResampleError { from_hz, to_hz, why };
+        let err = |why: String| ResampleError {
+            from_hz,
+            to_hz,
+            why,
+        };
         if frame_ms == 0 || frame_ms % CHUNK_MS != 0 {
-            return Err(err(format!("frame of {frame_ms} ms is not a multiple of {CHUNK_MS} ms")));
+            return Err(err(format!(
+                "frame of {frame_ms} ms is not a multiple of {CHUNK_MS} ms"
+            )));
         }
         let chunk_in = (from_hz as u64 * CHUNK_MS as u64 / 1000) as usize;
         let chunk_out = (to_hz as u64 * CHUNK_MS as u64 / 1000) as usize;
-        if chunk_in as u64 * 1000 != from_hz as u64 * CHUNK_MS as u64 || chunk_out as u64 * 1000 != to_hz as u64 * CHUNK_MS as u64 {
-            return Err(err(format!("{CHUNK_MS} ms is not a whole number of samples")));
+        if chunk_in as u64 * 1000 != from_hz as u64 * CHUNK_MS as u64
+            || chunk_out as u64 * 1000 != to_hz as u64 * CHUNK_MS as u64
+        {
+            return Err(err(format!(
+                "{CHUNK_MS} ms is not a whole number of samples"
+            )));
         }
         let inner = if from_hz == to_hz {
             None
         } else {
-            let r = FftFixedInOut::<f32>::new(from_hz as usize, to_hz as usize, chunk_in, 1).map_err(|e| err(e.to_string()))?;
+            let r = FftFixedInOut::<f32>::new(from_hz as usize, to_hz as usize, chunk_in, 1)
+                .map_err(|e| err(e.to_string()))?;
             if r.input_frames_next() != chunk_in || r.output_frames_next() != chunk_out {
                 return Err(err(format!(
                     "rubato chose chunks {}→{} instead of {chunk_in}→{chunk_out}",
@@ -103,7 +114,10 @@ impl FrameResampler {
             output.copy_from_slice(input);
             return;
         };
-        for (cin, cout) in input.chunks_exact(self.chunk_in).zip(output.chunks_exact_mut(self.chunk_out)) {
+        for (cin, cout) in input
+            .chunks_exact(self.chunk_in)
+            .zip(output.chunks_exact_mut(self.chunk_out))
+        {
             let wave_in = [cin];
             let mut wave_out = [cout];
             // Sizes are fixed at construction, so this cannot fail.
@@ -117,12 +131,21 @@ mod tests {
     use super::*;
 
     fn tone(rate: u32, n: usize, hz: f32) -> Vec<f32> {
-        (0..n).map(|i| (2.0 * std::f32::consts::PI * hz * i as f32 / rate as f32).sin() * 0.5).collect()
+        (0..n)
+            .map(|i| (2.0 * std::f32::consts::PI * hz * i as f32 / rate as f32).sin() * 0.5)
+            .collect()
     }
 
     #[test]
     fn sizes_and_delays() {
-        for (from, to) in [(8_000, 24_000), (16_000, 24_000), (48_000, 24_000), (24_000, 8_000), (44_100, 24_000), (24_000, 24_000)] {
+        for (from, to) in [
+            (8_000, 24_000),
+            (16_000, 24_000),
+            (48_000, 24_000),
+            (24_000, 8_000),
+            (44_100, 24_000),
+            (24_000, 24_000),
+        ] {
             let r = FrameResampler::new(from, to, 80).unwrap();
             assert_eq!(r.in_frame(), from as usize * 80 / 1000);
             assert_eq!(r.out_frame(), to as usize * 80 / 1000);

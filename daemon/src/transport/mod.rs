@@ -1,3 +1,6 @@
 //! Transports: how clients reach a session.
 
+pub mod audiosocket;
+pub mod media_streams;
+pub mod rtp;
 pub mod ws_chat;

@@ -65,6 +65,9 @@ pub mod kind {
 pub enum ClientMessage<'a> {
     /// Ogg Opus bytes (kind `0x01`), any split of the stream's pages.
     Audio(&'a [u8]),
+    /// `0x03 0x01`: the client's input is finished; the server answers the
+    /// frames in flight, sends the session's metadata and closes.
+    EndOfInput,
     /// A kind the server accepts and ignores: handshake echoes, text,
     /// control, metadata, ping and unknown kinds.
     Ignored(u8),
@@ -78,8 +81,15 @@ pub fn parse_client_message(data: &[u8]) -> ClientMessage<'_> {
     match data.split_first() {
         None => ClientMessage::Empty,
         Some((&kind::AUDIO, payload)) => ClientMessage::Audio(payload),
+        Some((&kind::CONTROL, [control::END_OF_INPUT, ..])) => ClientMessage::EndOfInput,
         Some((&k, _)) => ClientMessage::Ignored(k),
     }
+}
+
+/// Control messages (kind `0x03`, first payload byte).
+pub mod control {
+    /// The client has sent all its audio (Kyutai's "end turn" position).
+    pub const END_OF_INPUT: u8 = 0x01;
 }
 
 /// How long a session waits for the engine to answer a frame before it
@@ -113,7 +123,11 @@ struct ChatSession<S> {
 }
 
 /// Runs one `/api/chat` session to its end and returns its record.
-pub async fn run<S>(mut ws: WebSocketStream<S>, app: CoreApp, query: Vec<(String, String)>) -> SessionRecord
+pub async fn run<S>(
+    mut ws: WebSocketStream<S>,
+    app: CoreApp,
+    query: Vec<(String, String)>,
+) -> SessionRecord
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -194,7 +208,11 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, 
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     async fn serve(&mut self) -> EndReason {
-        if let Err(e) = self.ws.send(Message::Binary(Bytes::from_static(&[kind::HANDSHAKE]))).await {
+        if let Err(e) = self
+            .ws
+            .send(Message::Binary(Bytes::from_static(&[kind::HANDSHAKE])))
+            .await
+        {
             return EndReason::SendFailed(e.to_string());
         }
         let cfg = &self.app.shared.config.session;
@@ -257,7 +275,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
             Message::Close(_) => return Some(EndReason::ClientClosed),
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return None,
             Message::Text(_) => {
-                return Some(EndReason::ProtocolError("text messages are not part of the protocol; send binary".into()))
+                return Some(EndReason::ProtocolError(
+                    "text messages are not part of the protocol; send binary".into(),
+                ))
             }
         };
         match parse_client_message(&data) {
@@ -272,15 +292,44 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                 }
                 end
             }
+            ClientMessage::EndOfInput => Some(self.finish_input().await),
             // Accepted and ignored: handshake echoes, text, control, metadata, ping.
             ClientMessage::Ignored(_) => None,
         }
     }
 
+    /// The client's input is over: wait for the answers to every frame in
+    /// flight, send them, and end normally.
+    async fn finish_input(&mut self) -> EndReason {
+        while self.in_flight > 0 {
+            if glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
+                self.mailbox.ready().await;
+                Ok(())
+            })
+            .await
+            .is_err()
+            {
+                return EndReason::EngineStalled;
+            }
+            if self.mailbox.shutdown_requested() {
+                return EndReason::ServerShutdown;
+            }
+            if let Some(reason) = self.pump_outputs().await {
+                return reason;
+            }
+        }
+        EndReason::InputFinished
+    }
+
     /// Decodes audio bytes, cuts frames and sends them to the engine. With
     /// `metrics_on`, adds the time spent decoding to `decode_time` (waits for
     /// the engine excluded) and stamps each frame as it is pushed.
-    async fn on_audio(&mut self, payload: &[u8], metrics_on: bool, decode_time: &mut Duration) -> Option<EndReason> {
+    async fn on_audio(
+        &mut self,
+        payload: &[u8],
+        metrics_on: bool,
+        decode_time: &mut Duration,
+    ) -> Option<EndReason> {
         let t = metrics_on.then(Instant::now);
         let pushed = self.buf.decoder.push_bytes(payload);
         if let Some(t) = t {
@@ -300,10 +349,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
             let whole_packet_taken = match next {
                 Ok(Some(pcm)) => self.buf.cutter.push(pcm) == pcm.len(),
                 Ok(None) => return None,
-                Err(e) => return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}"))),
+                Err(e) => {
+                    return Some(EndReason::ProtocolError(format!("bad Ogg Opus audio: {e}")))
+                }
             };
             if !whole_packet_taken {
-                return Some(EndReason::ProtocolError("audio packet longer than the frame buffer".into()));
+                return Some(EndReason::ProtocolError(
+                    "audio packet longer than the frame buffer".into(),
+                ));
             }
             while self.buf.cutter.pop_frame(&mut self.buf.frame) {
                 // Frames beyond the in-flight bound wait here for answers.
@@ -322,7 +375,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     }
                 }
                 let pushed_at = metrics_on.then(Instant::now);
-                match self.app.ctx.send_frame_at(self.ticket, &self.buf.frame, pushed_at) {
+                match self
+                    .app
+                    .ctx
+                    .send_frame_at(self.ticket, &self.buf.frame, pushed_at)
+                {
                     Ok(()) => {
                         self.in_flight += 1;
                         self.rec.frames_in += 1;
@@ -353,13 +410,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     self.rec.text_tokens += 1;
                     self.buf.out[0] = kind::AUDIO;
                     let t = metrics_on.then(Instant::now);
-                    let n = match self.buf.encoder.encode_frame(&self.buf.record.pcm, &mut self.buf.out[1..]) {
+                    let n = match self
+                        .buf
+                        .encoder
+                        .encode_frame(&self.buf.record.pcm, &mut self.buf.out[1..])
+                    {
                         Ok(n) => n,
-                        Err(e) => return Some(EndReason::SendFailed(format!("encoding failed: {e}"))),
+                        Err(e) => {
+                            return Some(EndReason::SendFailed(format!("encoding failed: {e}")))
+                        }
                     };
                     let send_start = t.map(|t| {
                         let now = Instant::now();
-                        self.app.ctx.stages.record(Stage::Encode, now.saturating_duration_since(t));
+                        self.app
+                            .ctx
+                            .stages
+                            .record(Stage::Encode, now.saturating_duration_since(t));
                         now
                     });
                     let audio = Bytes::copy_from_slice(&self.buf.out[..1 + n]);
@@ -421,7 +487,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
 
 /// The end of a session the client can still hear: the record as metadata,
 /// an error message where the end was an error, and a close frame.
-async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, reason: &EndReason, meta: &str) {
+async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<S>,
+    reason: &EndReason,
+    meta: &str,
+) {
     let error_text = match reason {
         EndReason::ProtocolError(d) => Some(format!("protocol error: {d}")),
         EndReason::IdleTimeout => Some("idle timeout: no audio received".to_string()),
@@ -457,14 +527,16 @@ fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
     match e {
         Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
         Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof => {
-                EndReason::ClientClosed
-            }
+            std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
             _ => EndReason::ProtocolError(format!("connection error: {io}")),
         },
         Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
         Error::Protocol(p) => match p {
-            async_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake => EndReason::ClientClosed,
+            async_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake => {
+                EndReason::ClientClosed
+            }
             other => EndReason::ProtocolError(format!("WebSocket protocol: {other}")),
         },
         other => EndReason::ProtocolError(other.to_string()),

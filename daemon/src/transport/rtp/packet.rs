@@ -100,7 +100,14 @@ pub fn parse(datagram: &[u8]) -> Result<RtpPacket<'_>, ParseError> {
 
 /// Writes a 12-byte header (version 2, no padding, extension or CSRC) into
 /// `out[..12]`.
-pub fn write_header(out: &mut [u8], marker: bool, payload_type: u8, sequence: u16, timestamp: u32, ssrc: u32) {
+pub fn write_header(
+    out: &mut [u8],
+    marker: bool,
+    payload_type: u8,
+    sequence: u16,
+    timestamp: u32,
+    ssrc: u32,
+) {
     out[0] = 0x80;
     out[1] = ((marker as u8) << 7) | (payload_type & 0x7F);
     out[2..4].copy_from_slice(&sequence.to_be_bytes());
@@ -119,7 +126,10 @@ mod tests {
         buf[12..].copy_from_slice(&[1, 2, 3, 4]);
         let p = parse(&buf).unwrap();
         assert!(p.marker);
-        assert_eq!((p.payload_type, p.sequence, p.timestamp, p.ssrc), (0, 65535, 0xDEAD_BEEF, 42));
+        assert_eq!(
+            (p.payload_type, p.sequence, p.timestamp, p.ssrc),
+            (0, 65535, 0xDEAD_BEEF, 42)
+        );
         assert_eq!(p.payload, &[1, 2, 3, 4]);
         assert!(!is_rtcp(&buf));
     }
@@ -134,7 +144,10 @@ mod tests {
         buf.extend_from_slice(&[5, 6, 7]); // payload
         buf.extend_from_slice(&[0, 0, 3]); // three bytes of padding
         let p = parse(&buf).unwrap();
-        assert_eq!((p.payload_type, p.sequence, p.timestamp, p.ssrc), (8, 7, 160, 9));
+        assert_eq!(
+            (p.payload_type, p.sequence, p.timestamp, p.ssrc),
+            (8, 7, 160, 9)
+        );
         assert_eq!(p.payload, &[5, 6, 7]);
     }
 

@@ -112,7 +112,9 @@ mod tests {
     #[test]
     fn wraps_forward_and_back() {
         let mut t = SeqTracker::default();
-        let SeqUpdate::Ext(a) = t.update(65_534) else { panic!() };
+        let SeqUpdate::Ext(a) = t.update(65_534) else {
+            panic!()
+        };
         assert_eq!(t.update(65_535), SeqUpdate::Ext(a + 1));
         assert_eq!(t.update(0), SeqUpdate::Ext(a + 2));
         assert_eq!(t.update(2), SeqUpdate::Ext(a + 4));
@@ -133,11 +135,15 @@ mod tests {
     #[test]
     fn a_jump_needs_confirmation() {
         let mut t = SeqTracker::default();
-        let SeqUpdate::Ext(a) = t.update(100) else { panic!() };
+        let SeqUpdate::Ext(a) = t.update(100) else {
+            panic!()
+        };
         assert_eq!(t.update(30_000), SeqUpdate::Jump);
         assert_eq!(t.update(101), SeqUpdate::Ext(a + 1));
         assert_eq!(t.update(40_000), SeqUpdate::Jump);
-        let SeqUpdate::Restart(r) = t.update(40_001) else { panic!() };
+        let SeqUpdate::Restart(r) = t.update(40_001) else {
+            panic!()
+        };
         assert!(r > a + 1);
         assert_eq!(r & 0xFFFF, 40_001);
         assert_eq!(t.update(40_002), SeqUpdate::Ext(r + 1));

@@ -1,0 +1,639 @@
+//! `moshid-loadgen`: the load generator capacity planning relies on.
+//!
+//! N simulated callers talk to a moshid (or any Kyutai-protocol server) over
+//! WebSocket, each sending real audio in Ogg Opus at real-time pace, and the
+//! tool measures what serving adds to every frame's latency, how many frames
+//! miss their deadline, how many sessions are refused, and what the daemon's
+//! CPU per stream costs next to bare Opus decode + encode. In ramp mode it
+//! raises N step by step until a criterion breaks and reports the largest N
+//! that held. See bench/reports/README.md for a run and how to read it.
+//!
+//! ```text
+//! moshid-loadgen --spawn target/release/moshid --serve-args "--max-slots 64" \
+//!     --ramp 1:64:x2 --refine 2 --step-seconds 15
+//! moshid-loadgen --url ws://127.0.0.1:8998/api/chat --pid 1234 --streams 8
+//! ```
+//!
+//! Definitions (also written into the report):
+//! - added latency of frame i = arrival of the answer its step released −
+//!   the moment frame i's last sample was captured (see [`stats`]); the
+//!   model's own delay (1 frame) is not included;
+//! - deadline miss = an answer later than `--budget-ms` (default 160 ms: the
+//!   engine ticks each phase group every 80 ms at a fixed phase, so a frame
+//!   waits up to one period for its tick by design; the budget allows one
+//!   more period for the step, encoding and the network), or a frame never
+//!   answered;
+//! - daemon CPU per stream-second = utime + stime of the daemon over the step
+//!   / (accepted sessions × audio seconds each).
+//!
+//! Module map: [`plan`] (ramp, criteria), [`stream`] (one caller),
+//! [`audio`] (signal, shared encoding, bare-Opus floor), [`daemon`] (spawn,
+//! `/capacity`), [`stats`] (percentiles, answer matching), [`sys`] (/proc),
+//! [`report`] (JSON, SVG).
+
+mod audio;
+mod daemon;
+mod plan;
+mod report;
+mod stats;
+mod stream;
+mod sys;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use audio::{EncodedAudio, OpusFloor, Rng};
+use daemon::{EngineCounters, Spawned};
+use plan::Criteria;
+use report::{Report, RunConfig, StepReport};
+use stream::{Outcome, StepShared};
+
+/// Simulated callers against moshid's /api/chat: latency, deadline misses,
+/// refusals and daemon CPU per stream, at one load or over a ramp.
+#[derive(Debug, Parser)]
+#[command(name = "moshid-loadgen")]
+struct Args {
+    /// Chat endpoint of a running daemon (ws://HOST:PORT/api/chat).
+    #[arg(long, required_unless_present = "spawn")]
+    url: Option<String>,
+    /// PID of that daemon, for its CPU time (/proc/PID/stat).
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Start this moshid binary (`serve --listen 127.0.0.1:0 SERVE_ARGS`)
+    /// and measure it; it is stopped at the end.
+    #[arg(long, value_name = "MOSHID", conflicts_with_all = ["url", "pid"])]
+    spawn: Option<String>,
+    /// Arguments of `moshid serve` with --spawn, split on whitespace
+    /// (e.g. "--max-slots 64 --cache-dir /tmp/moshid-cache").
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    serve_args: String,
+    /// Where the spawned daemon's stderr goes (default: discarded).
+    #[arg(long)]
+    daemon_log: Option<PathBuf>,
+    /// Seconds to wait for the spawned daemon to listen (model warm-up).
+    #[arg(long, default_value_t = 300.0)]
+    spawn_timeout: f64,
+    /// Run this many callers once.
+    #[arg(long, required_unless_present = "ramp", conflicts_with = "ramp")]
+    streams: Option<usize>,
+    /// Numbers of callers to try in turn: START:END:STEP, START:END:xFACTOR
+    /// or a comma list; stops at the first step that breaks --stop-on.
+    #[arg(long)]
+    ramp: Option<String>,
+    /// After a ramp breaks, bisect between the last N that held and the
+    /// first that broke, at most this many more steps.
+    #[arg(long, default_value_t = 0)]
+    refine: usize,
+    /// Audio seconds each caller sends per step.
+    #[arg(long, default_value_t = 10.0)]
+    step_seconds: f64,
+    /// Deadline of an answer after its frame was complete, in ms.
+    #[arg(long, default_value_t = 160.0)]
+    budget_ms: f64,
+    /// What breaks a step: comma list of p99 (p99 added latency over the
+    /// budget), miss (any deadline miss), refused (any refusal), error (any
+    /// caller failure), or none.
+    #[arg(long, default_value = "p99,miss,refused,error")]
+    stop_on: String,
+    /// Send jitter: each frame goes out uniformly 0..JITTER ms after it is
+    /// complete (order kept).
+    #[arg(long, default_value_t = 0.0)]
+    jitter_ms: f64,
+    /// Probability that a frame is lost on the send side (never sent).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Seed of phase offsets, jitter, loss and the generated speech.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Send this WAV (any format; converted to 24 kHz mono, looped) instead
+    /// of the generated speech-like signal.
+    #[arg(long)]
+    wav: Option<PathBuf>,
+    /// Output folder (default: bench/reports/<UTC date>/).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Interval of /capacity polls during the run, in ms.
+    #[arg(long, default_value_t = 250)]
+    poll_ms: u64,
+    /// Frames the model answers late (1 for Moshi and the demo model).
+    #[arg(long, default_value_t = 1)]
+    model_delay_frames: usize,
+    /// Audio seconds of the bare-Opus floor measurement.
+    #[arg(long, default_value_t = 20.0)]
+    floor_seconds: f64,
+    /// Seconds of the daemon's idle CPU measurement before the ramp.
+    #[arg(long, default_value_t = 2.0)]
+    idle_seconds: f64,
+    /// Seconds a caller waits to connect and get its handshake.
+    #[arg(long, default_value_t = 10.0)]
+    connect_timeout: f64,
+    /// Seconds a caller waits for answers after its last frame.
+    #[arg(long, default_value_t = 2.0)]
+    drain_seconds: f64,
+}
+
+/// What every step needs.
+struct Ctx {
+    url: String,
+    addr: std::net::SocketAddr,
+    pid: Option<u32>,
+    audio: Arc<EncodedAudio>,
+    frames: usize,
+    budget_ms: f64,
+    model_delay: usize,
+    jitter_ms: f64,
+    loss: f64,
+    connect_timeout: Duration,
+    drain: Duration,
+    criteria: Criteria,
+    floor: OpusFloor,
+    idle_ms_per_s: Option<f64>,
+    gauge: Arc<AtomicUsize>,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moshid-loadgen: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s).with_context(|| format!("{what}: {s}"))
+}
+
+fn run(args: Args) -> Result<()> {
+    let started = SystemTime::now();
+    let machine = sys::machine();
+    let criteria = Criteria::parse(&args.stop_on)?;
+    let (plan, ramping) = match (&args.ramp, args.streams) {
+        (Some(spec), _) => (plan::parse_ramp(spec)?, true),
+        (None, Some(n)) if n > 0 => (vec![n], false),
+        _ => bail!("give --streams N (N >= 1) or --ramp"),
+    };
+    if !(0.0..1.0).contains(&args.loss) {
+        bail!("--loss must be in [0, 1)");
+    }
+    if args.step_seconds < 0.5 {
+        bail!("--step-seconds must be at least 0.5");
+    }
+    let frames = (args.step_seconds * 1000.0 / moshid::FRAME_MS).ceil() as usize;
+
+    // Audio, encoded once; then the floor, before the daemon exists.
+    let (pcm, audio_name) = match &args.wav {
+        Some(path) => (
+            moshid::client::wav::read_wav_24k_mono(path)?.samples,
+            path.display().to_string(),
+        ),
+        None => (
+            audio::speech_like(20.0, args.seed),
+            format!(
+                "generated speech-like signal, 20 s looped, seed {}",
+                args.seed
+            ),
+        ),
+    };
+    let audio = Arc::new(EncodedAudio::encode(&pcm, frames)?);
+    let floor = audio::bare_opus_floor(&audio, secs(args.floor_seconds, "--floor-seconds")?)?;
+    eprintln!(
+        "bare Opus on one core: decode {:.3} + encode {:.3} = {:.3} ms per stream-second",
+        floor.decode_ms_per_stream_s, floor.encode_ms_per_stream_s, floor.total_ms_per_stream_s
+    );
+
+    // The daemon.
+    let serve_args: Vec<String> = args
+        .serve_args
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let spawned = match &args.spawn {
+        Some(binary) => {
+            eprintln!("starting {binary} serve {}", serve_args.join(" "));
+            let s = Spawned::start(
+                binary,
+                &serve_args,
+                args.daemon_log.as_deref(),
+                secs(args.spawn_timeout, "--spawn-timeout")?,
+            )?;
+            eprintln!("daemon pid {} listening on {}", s.pid(), s.addr);
+            Some(s)
+        }
+        None => None,
+    };
+    let url = match (&spawned, &args.url) {
+        (Some(s), _) => format!("ws://{}/api/chat", s.addr),
+        (None, Some(u)) => u.clone(),
+        (None, None) => bail!("give --url or --spawn"),
+    };
+    let pid = spawned.as_ref().map(Spawned::pid).or(args.pid);
+    let addr = daemon::http_addr(&url)?;
+    EngineCounters::read(addr).with_context(|| format!("GET http://{addr}/capacity"))?;
+
+    let idle_ms_per_s = pid.and_then(|pid| {
+        let c0 = sys::process_cpu_ms(pid)?;
+        let t = Instant::now();
+        std::thread::sleep(secs(args.idle_seconds, "--idle-seconds").ok()?);
+        let c1 = sys::process_cpu_ms(pid)?;
+        Some((c1 - c0) / t.elapsed().as_secs_f64())
+    });
+    if let Some(idle) = idle_ms_per_s {
+        eprintln!("daemon idle CPU: {idle:.1} ms per second");
+    }
+
+    let ctx = Ctx {
+        url: url.clone(),
+        addr,
+        pid,
+        audio,
+        frames,
+        budget_ms: args.budget_ms,
+        model_delay: args.model_delay_frames,
+        jitter_ms: args.jitter_ms,
+        loss: args.loss,
+        connect_timeout: secs(args.connect_timeout, "--connect-timeout")?,
+        drain: secs(args.drain_seconds, "--drain-seconds")?,
+        criteria,
+        floor,
+        idle_ms_per_s,
+        gauge: Arc::new(AtomicUsize::new(0)),
+    };
+    let epoch = Instant::now();
+    let poller = daemon::Poller::start(
+        addr,
+        Duration::from_millis(args.poll_ms.max(20)),
+        epoch,
+        ctx.gauge.clone(),
+    )?;
+    let mut rng = Rng::new(args.seed ^ 0x6c6f_6164_6765_6e00);
+
+    let mut steps: Vec<StepReport> = Vec::new();
+    let mut held: Option<usize> = None;
+    let mut broke: Option<usize> = None;
+    for &n in &plan {
+        let step = run_step(&ctx, n, &mut rng)?;
+        let ok = step.held;
+        steps.push(step);
+        if ok {
+            held = Some(n);
+        } else {
+            broke = Some(n);
+            if ramping {
+                break;
+            }
+        }
+    }
+    let mut refine = if ramping { args.refine } else { 0 };
+    while refine > 0 {
+        let (low, Some(high)) = (held.unwrap_or(0), broke) else {
+            break;
+        };
+        if high - low < 2 {
+            break;
+        }
+        let n = low + (high - low) / 2;
+        let step = run_step(&ctx, n, &mut rng)?;
+        if step.held {
+            held = Some(n);
+        } else {
+            broke = Some(n);
+        }
+        steps.push(step);
+        refine -= 1;
+    }
+    let polls = poller.finish();
+    drop(spawned);
+    steps.sort_by_key(|s| s.streams);
+
+    let (date, stamp) = utc(started);
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("reports")
+            .join(date)
+    });
+    let report = Report {
+        tool: format!("moshid-loadgen {}", env!("CARGO_PKG_VERSION")),
+        started_utc: stamp,
+        machine,
+        config: RunConfig {
+            url,
+            daemon_pid: pid,
+            spawned: args.spawn.clone(),
+            serve_args,
+            plan,
+            step_seconds: frames as f64 * moshid::FRAME_MS / 1000.0,
+            budget_ms: args.budget_ms,
+            stop_on: criteria.names(),
+            jitter_ms: args.jitter_ms,
+            loss: args.loss,
+            seed: args.seed,
+            audio: audio_name,
+            model_delay_frames: args.model_delay_frames,
+            latency_definition: "arrival of the answer released by frame i's step (answer j <-> \
+                the (j + model_delay)-th frame sent, counted in 1920-sample units of decoded audio) \
+                minus the moment frame i's last sample was captured; callers start at seeded \
+                uniform phase offsets in [0, 80) ms"
+                .into(),
+        },
+        opus_floor: floor,
+        daemon_idle_cpu_ms_per_s: idle_ms_per_s,
+        steps,
+        largest_streams_held: held.filter(|h| broke.is_none_or(|b| *h < b)),
+        first_streams_broken: broke,
+        timeline: polls.iter().map(report::TimelinePoint::from).collect(),
+    };
+    let written = report::write(&out_dir, &report, &polls)?;
+    print_summary(&report);
+    for path in written {
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// Runs `n` callers at once for one step and measures it.
+fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
+    if !daemon::wait_idle(ctx.addr, Duration::from_secs(10)) {
+        eprintln!("warning: the daemon still holds sessions from before");
+    }
+    let shared = Arc::new(StepShared {
+        url: ctx.url.clone(),
+        frames: ctx.frames,
+        model_delay: ctx.model_delay,
+        jitter_ms: ctx.jitter_ms,
+        loss: ctx.loss,
+        connect_timeout: ctx.connect_timeout,
+        drain: ctx.drain,
+        audio: ctx.audio.clone(),
+        connected: Barrier::new(n + 1),
+        go: Barrier::new(n + 1),
+        t0: OnceLock::new(),
+    });
+    let mut callers = Vec::with_capacity(n);
+    for i in 0..n {
+        let shared = shared.clone();
+        let offset = Duration::from_secs_f64(rng.range(0.0, moshid::FRAME_MS / 1000.0));
+        let seed = rng.next_u64();
+        let handle = std::thread::Builder::new()
+            .name(format!("caller-{i}"))
+            .stack_size(512 * 1024)
+            .spawn(move || stream::run_caller(&shared, offset, seed));
+        match handle {
+            Ok(h) => callers.push(h),
+            // The barriers wait for all n: a caller that cannot start would
+            // hang the step, so give up on the whole run.
+            Err(e) => {
+                eprintln!("moshid-loadgen: cannot start caller thread {i}: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    shared.connected.wait();
+    let before = EngineCounters::read(ctx.addr).unwrap_or_default();
+    let self_pid = std::process::id();
+    let cpu0 = ctx.pid.and_then(sys::process_cpu_ms);
+    let self0 = sys::process_cpu_ms(self_pid);
+    let machine0 = sys::machine_cpu_ms();
+    let t0 = Instant::now() + Duration::from_millis(20);
+    let _ = shared.t0.set(t0);
+    ctx.gauge.store(n, Ordering::Relaxed);
+    shared.go.wait();
+    let outcomes: Vec<Outcome> = callers
+        .into_iter()
+        .map(|h| h.join().expect("caller thread panicked"))
+        .collect();
+    let cpu1 = ctx.pid.and_then(sys::process_cpu_ms);
+    let self1 = sys::process_cpu_ms(self_pid);
+    let machine1 = sys::machine_cpu_ms();
+    let window_s = t0.elapsed().as_secs_f64();
+    ctx.gauge.store(0, Ordering::Relaxed);
+    let after = EngineCounters::read(ctx.addr).unwrap_or_default();
+    let step = summarize_step(
+        ctx,
+        n,
+        &outcomes,
+        before,
+        after,
+        window_s,
+        (cpu0, cpu1),
+        (self0, self1),
+    );
+    eprintln!("{}", step_line(&step));
+    Ok(step)
+}
+
+/// CPU readings (ms) at the start and end of a step's window.
+struct CpuSamples {
+    daemon: (Option<f64>, Option<f64>),
+    loadgen: (Option<f64>, Option<f64>),
+    machine_busy: (Option<f64>, Option<f64>),
+}
+
+fn delta(pair: (Option<f64>, Option<f64>)) -> Option<f64> {
+    Some(pair.1? - pair.0?)
+}
+
+fn summarize_step(
+    ctx: &Ctx,
+    n: usize,
+    outcomes: &[Outcome],
+    before: EngineCounters,
+    after: EngineCounters,
+    window_s: f64,
+    cpu: CpuSamples,
+) -> StepReport {
+    let refused = outcomes.iter().filter(|o| o.refused.is_some()).count();
+    let errors = outcomes.iter().filter(|o| o.error.is_some()).count();
+    let accepted: Vec<&Outcome> = outcomes.iter().filter(|o| o.accepted).collect();
+    let mut messages: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.refused.as_ref().or(o.error.as_ref()).cloned())
+        .collect();
+    messages.dedup();
+    messages.truncate(3);
+    let mut latencies: Vec<f64> = Vec::new();
+    let mut spread: Vec<f64> = Vec::new();
+    for o in &accepted {
+        let l = o.matcher.latencies();
+        latencies.extend_from_slice(l);
+        if let Some(min) = l.iter().copied().reduce(f64::min) {
+            spread.extend(l.iter().map(|x| x - min));
+        }
+    }
+    let late = latencies.iter().filter(|&&l| l > ctx.budget_ms).count();
+    let unanswered: usize = accepted.iter().map(|o| o.matcher.unanswered()).sum();
+    let latency = stats::summarize(&mut latencies);
+    spread.sort_by(f64::total_cmp);
+    let mut lags: Vec<f64> = accepted
+        .iter()
+        .flat_map(|o| o.send_lag_ms.iter().copied())
+        .collect();
+    let stream_seconds: f64 = accepted
+        .iter()
+        .map(|o| o.frames_captured as f64 * moshid::FRAME_MS / 1000.0)
+        .sum();
+    let daemon_cpu_ms = delta(cpu.daemon);
+    let cores = |ms: Option<f64>| ms.map(|ms| ms / 1000.0 / window_s);
+    let loadgen_cores = cores(delta(cpu.loadgen));
+    let machine_busy_cores = cores(delta(cpu.machine_busy));
+    let per_stream = daemon_cpu_ms
+        .filter(|_| stream_seconds > 0.0)
+        .map(|c| c / stream_seconds);
+    let net = per_stream.and_then(|p| {
+        ctx.idle_ms_per_s
+            .map(|idle| p - idle * window_s / stream_seconds)
+    });
+    let floor = ctx.floor.total_ms_per_stream_s;
+    let ratio = |v: Option<f64>| v.filter(|_| floor > 0.0).map(|v| v / floor);
+    let engine_steps = after.steps.saturating_sub(before.steps);
+    let engine_frames = after.frames_stepped.saturating_sub(before.frames_stepped);
+    let misses = late + unanswered;
+    let broke = ctx.criteria.broken(
+        latency.as_ref().map(|l| l.p99),
+        ctx.budget_ms,
+        misses,
+        refused,
+        errors,
+    );
+    StepReport {
+        streams: n,
+        sessions: accepted.len(),
+        refused,
+        errors,
+        messages,
+        frames_per_stream: ctx.frames,
+        frames_sent: accepted.iter().map(|o| o.matcher.frames_sent()).sum(),
+        frames_lost: accepted.iter().map(|o| o.frames_lost).sum(),
+        answers: accepted.iter().map(|o| o.matcher.answers()).sum(),
+        latency_ms: latency,
+        within_stream_spread_p99_ms: stats::percentile(&spread, 99.0),
+        deadline_misses: misses,
+        late_answers: late,
+        unanswered,
+        unmatched_answers: accepted.iter().map(|o| o.matcher.unmatched()).sum(),
+        send_lag_ms: stats::summarize(&mut lags),
+        stream_seconds,
+        window_s,
+        daemon_cpu_ms,
+        cpu_ms_per_stream_s: per_stream,
+        cpu_ms_per_stream_s_net_idle: net,
+        ratio_to_bare_opus: ratio(per_stream),
+        ratio_to_bare_opus_net_idle: ratio(net),
+        daemon_cores: cores(daemon_cpu_ms),
+        loadgen_cores,
+        machine_busy_cores,
+        other_cores: machine_busy_cores
+            .map(|busy| busy - cores(daemon_cpu_ms).unwrap_or(0.0) - loadgen_cores.unwrap_or(0.0)),
+        loadavg_1m: sys::loadavg_1m(),
+        engine_before: before,
+        engine_after: after,
+        engine_steps,
+        engine_frames,
+        mean_batch: (engine_steps > 0).then(|| engine_frames as f64 / engine_steps as f64),
+        late_ticks: after.late_ticks.saturating_sub(before.late_ticks),
+        dropped_frames: after.dropped_frames.saturating_sub(before.dropped_frames),
+        held: broke.is_empty(),
+        broke,
+    }
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn step_line(s: &StepReport) -> String {
+    let l = s.latency_ms.as_ref();
+    format!(
+        "N={:>3}: sessions {} refused {} errors {} | latency p50 {} p90 {} p99 {} max {} ms | \
+         misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus) | batch mean {} max {}, step {:.1} ms | \
+         send lag p99 {} ms | others {} cores | {}",
+        s.streams,
+        s.sessions,
+        s.refused,
+        s.errors,
+        fmt_opt(l.map(|l| l.p50), 1),
+        fmt_opt(l.map(|l| l.p90), 1),
+        fmt_opt(l.map(|l| l.p99), 1),
+        fmt_opt(l.map(|l| l.max), 1),
+        s.deadline_misses,
+        s.late_answers,
+        s.unanswered,
+        fmt_opt(s.cpu_ms_per_stream_s, 2),
+        fmt_opt(s.ratio_to_bare_opus, 2),
+        fmt_opt(s.mean_batch, 1),
+        s.engine_after.max_batch,
+        s.engine_before.predicted_step_ms,
+        fmt_opt(s.send_lag_ms.as_ref().map(|l| l.p99), 1),
+        fmt_opt(s.other_cores, 2),
+        if s.held {
+            "held".to_string()
+        } else {
+            format!("BROKE: {}", s.broke.join("; "))
+        },
+    )
+}
+
+fn print_summary(r: &Report) {
+    println!(
+        "machine: {} x {} ({} CPUs available), kernel {}",
+        r.machine.cpuinfo_processors, r.machine.cpu_model, r.machine.nproc, r.machine.kernel
+    );
+    println!(
+        "bare Opus decode+encode: {:.3} ms per stream-second; daemon idle: {} ms/s",
+        r.opus_floor.total_ms_per_stream_s,
+        fmt_opt(r.daemon_idle_cpu_ms_per_s, 1)
+    );
+    for s in &r.steps {
+        println!("{}", step_line(s));
+    }
+    match (r.largest_streams_held, r.first_streams_broken) {
+        (Some(h), Some(b)) => println!("largest N that held: {h} (broke at {b})"),
+        (Some(h), None) => println!("largest N that held: {h} (nothing broke)"),
+        (None, Some(b)) => println!("no N held (broke at {b})"),
+        (None, None) => {}
+    }
+}
+
+/// (YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ) of `t` in UTC.
+fn utc(t: SystemTime) -> (String, String) {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let date = format!("{y:04}-{m:02}-{d:02}");
+    let stamp = format!(
+        "{date}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+    (date, stamp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates() {
+        let at = |s| UNIX_EPOCH + Duration::from_secs(s);
+        assert_eq!(utc(at(0)).1, "1970-01-01T00:00:00Z");
+        assert_eq!(utc(at(951_782_400)).0, "2000-02-29");
+        assert_eq!(utc(at(1_767_225_599)).1, "2025-12-31T23:59:59Z");
+    }
+}

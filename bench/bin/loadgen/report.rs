@@ -1,0 +1,340 @@
+//! The load generator's outputs: the JSON report and its SVG figures.
+//!
+//! - `report.json`: the whole run ([`Report`]): machine, configuration, the
+//!   bare-Opus floor, one [`StepReport`] per number of streams tried, the
+//!   verdict (largest N that held) and the engine timeline.
+//! - `latency_vs_streams.svg`: p50 / p90 / p99 / max added latency per N,
+//!   with the budget.
+//! - `cpu_per_stream.svg`: the daemon's CPU per stream-second per N (gross,
+//!   and net of what it burns idle), with the bare-Opus floor and 1.3× it.
+//! - `batch_over_time.svg`: mean engine batch (frames stepped per step
+//!   between two polls of `/capacity`), active sessions and the step's N
+//!   over the run.
+//!
+//! SVG only: plotters' SVG backend writes text as `<text>` elements and needs
+//! no font files (its bitmap backend would need system fonts). Steps are
+//! sorted by N in the report and the figures.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::audio::OpusFloor;
+use crate::daemon::{EngineCounters, PollSample};
+use crate::stats::Summary;
+use crate::sys::Machine;
+
+/// The results of one number of streams.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// Callers started.
+    pub streams: usize,
+    /// Sessions the daemon accepted.
+    pub sessions: usize,
+    /// Sessions refused (error message instead of the handshake).
+    pub refused: usize,
+    /// Callers that failed otherwise (connection, protocol, early close).
+    pub errors: usize,
+    /// A few of the refusal and error messages.
+    pub messages: Vec<String>,
+    /// Frames captured per caller.
+    pub frames_per_stream: usize,
+    pub frames_sent: usize,
+    /// Frames dropped on the send side (`--loss`).
+    pub frames_lost: usize,
+    /// Answers matched to a frame.
+    pub answers: usize,
+    /// Added latency of every matched frame (ms).
+    pub latency_ms: Option<Summary>,
+    /// p99 over frames of (latency − the lowest latency of that stream):
+    /// the variation a caller's jitter buffer has to absorb (ms).
+    pub within_stream_spread_p99_ms: Option<f64>,
+    /// Late answers plus unanswered frames.
+    pub deadline_misses: usize,
+    /// Answers later than the budget.
+    pub late_answers: usize,
+    /// Frames that should have been answered and were not.
+    pub unanswered: usize,
+    /// Answers with no frame to match (should be 0; more means
+    /// `--model-delay-frames` is wrong or the daemon answered twice).
+    pub unmatched_answers: usize,
+    /// How late the load generator sent frames against their schedule (ms);
+    /// a high p99 means the measurement itself was starved of CPU.
+    pub send_lag_ms: Option<Summary>,
+    /// Audio seconds sent by accepted sessions.
+    pub stream_seconds: f64,
+    /// Wall-clock seconds over which CPU was measured.
+    pub window_s: f64,
+    /// Daemon CPU (user + system) over the window, ms.
+    pub daemon_cpu_ms: Option<f64>,
+    /// Daemon CPU per stream-second, ms.
+    pub cpu_ms_per_stream_s: Option<f64>,
+    /// The same, less the daemon's idle CPU rate over the window.
+    pub cpu_ms_per_stream_s_net_idle: Option<f64>,
+    /// `cpu_ms_per_stream_s` / the bare-Opus floor.
+    pub ratio_to_bare_opus: Option<f64>,
+    /// `cpu_ms_per_stream_s_net_idle` / the bare-Opus floor.
+    pub ratio_to_bare_opus_net_idle: Option<f64>,
+    /// Daemon CPU in cores (CPU time / window).
+    pub daemon_cores: Option<f64>,
+    /// The load generator's own CPU in cores over the window.
+    pub loadgen_cores: Option<f64>,
+    /// The whole machine's busy CPU in cores over the window (/proc/stat).
+    pub machine_busy_cores: Option<f64>,
+    /// What the rest of the machine (neither the daemon nor the load
+    /// generator: other users' builds, …) took, in cores.
+    pub other_cores: Option<f64>,
+    /// 1-minute load average at the end of the step.
+    pub loadavg_1m: f64,
+    /// `/capacity` before and after the step.
+    pub engine_before: EngineCounters,
+    pub engine_after: EngineCounters,
+    /// Steps and frames stepped during the step; their ratio.
+    pub engine_steps: u64,
+    pub engine_frames: u64,
+    pub mean_batch: Option<f64>,
+    /// Late ticks and engine drops during the step.
+    pub late_ticks: u64,
+    pub dropped_frames: u64,
+    /// Whether the step met every stop criterion.
+    pub held: bool,
+    /// The criteria it broke.
+    pub broke: Vec<String>,
+}
+
+/// One poll of the engine, as kept in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelinePoint {
+    pub t_s: f64,
+    pub streams: usize,
+    pub active_sessions: u64,
+    pub mean_batch: f64,
+    pub steps: u64,
+    pub max_batch: u64,
+    pub late_ticks: u64,
+    pub dropped_frames: u64,
+}
+
+impl From<&PollSample> for TimelinePoint {
+    fn from(p: &PollSample) -> Self {
+        TimelinePoint {
+            t_s: (p.t_s * 100.0).round() / 100.0,
+            streams: p.streams,
+            active_sessions: p.counters.active_sessions,
+            mean_batch: (p.mean_batch * 100.0).round() / 100.0,
+            steps: p.counters.steps,
+            max_batch: p.counters.max_batch,
+            late_ticks: p.counters.late_ticks,
+            dropped_frames: p.counters.dropped_frames,
+        }
+    }
+}
+
+/// How the run was set up.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunConfig {
+    pub url: String,
+    pub daemon_pid: Option<u32>,
+    pub spawned: Option<String>,
+    pub serve_args: Vec<String>,
+    pub plan: Vec<usize>,
+    pub step_seconds: f64,
+    pub budget_ms: f64,
+    pub stop_on: Vec<String>,
+    pub jitter_ms: f64,
+    pub loss: f64,
+    pub seed: u64,
+    pub audio: String,
+    pub model_delay_frames: usize,
+    pub latency_definition: String,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tool: String,
+    pub started_utc: String,
+    pub machine: Machine,
+    pub config: RunConfig,
+    pub opus_floor: OpusFloor,
+    /// The daemon's CPU while idle before the ramp, ms per second.
+    pub daemon_idle_cpu_ms_per_s: Option<f64>,
+    pub steps: Vec<StepReport>,
+    /// Largest N that held (and every smaller N tried held too).
+    pub largest_streams_held: Option<usize>,
+    /// Smallest N that broke a criterion.
+    pub first_streams_broken: Option<usize>,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+const SERIES: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(100, 100, 100),
+];
+
+/// Draws `series` (name, points) as lines with dots, and horizontal
+/// reference lines (name, y) dashed-looking in grey tones.
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+    references: &[(&str, f64)],
+    dots: bool,
+) -> Result<()> {
+    let all_x = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
+    let x_max = all_x.fold(1.0f64, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.1))
+        .chain(references.iter().map(|r| r.1))
+        .filter(|y| y.is_finite())
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max * 1.05, 0f64..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = SERIES[i % SERIES.len()];
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        if dots {
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(err)?;
+        }
+    }
+    for (i, (name, y)) in references.iter().enumerate() {
+        let color = RGBColor(120 + 40 * i as u8, 120, 120 + 40 * i as u8);
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, *y), (x_max * 1.05, *y)],
+                color.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes `report.json` and the figures into `dir`.
+pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let json = dir.join("report.json");
+    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")?;
+    written.push(json.display().to_string());
+
+    let steps = &report.steps;
+    let pick = |f: fn(&Summary) -> f64| -> Vec<(f64, f64)> {
+        steps
+            .iter()
+            .filter_map(|s| s.latency_ms.as_ref().map(|l| (s.streams as f64, f(l))))
+            .collect()
+    };
+    let path = dir.join("latency_vs_streams.svg");
+    line_chart(
+        &path,
+        "Added latency per frame vs concurrent streams",
+        "streams",
+        "ms (answer arrival - frame complete)",
+        &[
+            ("p50", pick(|l| l.p50)),
+            ("p90", pick(|l| l.p90)),
+            ("p99", pick(|l| l.p99)),
+            ("max", pick(|l| l.max)),
+        ],
+        &[("budget", report.config.budget_ms)],
+        true,
+    )?;
+    written.push(path.display().to_string());
+
+    let cpu = |f: fn(&StepReport) -> Option<f64>| -> Vec<(f64, f64)> {
+        steps
+            .iter()
+            .filter_map(|s| f(s).map(|v| (s.streams as f64, v)))
+            .collect()
+    };
+    let floor = report.opus_floor.total_ms_per_stream_s;
+    let path = dir.join("cpu_per_stream.svg");
+    line_chart(
+        &path,
+        "Daemon CPU per stream-second vs concurrent streams",
+        "streams",
+        "CPU ms per stream-second",
+        &[
+            ("daemon (gross)", cpu(|s| s.cpu_ms_per_stream_s)),
+            (
+                "daemon (net of idle)",
+                cpu(|s| s.cpu_ms_per_stream_s_net_idle),
+            ),
+        ],
+        &[
+            ("bare Opus decode+encode", floor),
+            ("1.3 x bare Opus", 1.3 * floor),
+        ],
+        true,
+    )?;
+    written.push(path.display().to_string());
+
+    let path = dir.join("batch_over_time.svg");
+    let over_time = |f: fn(&PollSample) -> f64| -> Vec<(f64, f64)> {
+        polls.iter().map(|p| (p.t_s, f(p))).collect()
+    };
+    line_chart(
+        &path,
+        "Engine batch over the run (polled /capacity)",
+        "seconds",
+        "streams / frames per step",
+        &[
+            ("mean batch (frames/step)", over_time(|p| p.mean_batch)),
+            (
+                "active sessions",
+                over_time(|p| p.counters.active_sessions as f64),
+            ),
+            ("step N", over_time(|p| p.streams as f64)),
+        ],
+        &[],
+        false,
+    )?;
+    written.push(path.display().to_string());
+    Ok(written)
+}

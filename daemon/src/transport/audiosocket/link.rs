@@ -1,0 +1,137 @@
+//! A phone-line session's link to the engine, shared by AudioSocket and
+//! Media Streams: frames sent and answered, the in-flight bound, the answer
+//! timeout, and the engine's answers turned into queued line packets.
+//!
+//! Invariants: frames in flight never exceed `session.max_frames_in_flight`
+//! nor what the line's packet queue can still take once every frame in
+//! flight is answered ([`EngineLink::budget`]), so neither the mailbox nor
+//! the queue overflows for a well-behaved engine; a frame the lane refuses
+//! is counted as dropped, never retried. Nothing here allocates after
+//! [`EngineLink::new`].
+
+use super::line::{LineOut, PACKETS_PER_FRAME};
+use crate::engine::admission::Ticket;
+use crate::engine::records::{FromEngine, FromEngineKind};
+use crate::io::app::CoreApp;
+use crate::io::mailbox::Mailbox;
+use crate::session::record::{EndReason, SessionRecord};
+use crate::FRAME_SAMPLES;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How long the engine may leave a frame unanswered (it ticks every 80 ms;
+/// this is many ticks).
+pub const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One admitted session's side of the engine.
+pub struct EngineLink {
+    /// The core's view.
+    pub app: CoreApp,
+    /// The slot held.
+    pub ticket: Ticket,
+    /// Where the engine's answers arrive.
+    pub mailbox: Rc<Mailbox>,
+    in_flight: usize,
+    max_in_flight: usize,
+    sent: u64,
+    answered: u64,
+    last_progress: Instant,
+    record: Box<FromEngine>,
+}
+
+impl EngineLink {
+    /// The link of an admitted session.
+    pub fn new(app: CoreApp, ticket: Ticket, mailbox: Rc<Mailbox>) -> Self {
+        let max_in_flight = app.shared.config.session.max_frames_in_flight;
+        EngineLink {
+            app,
+            ticket,
+            mailbox,
+            in_flight: 0,
+            max_in_flight,
+            sent: 0,
+            answered: 0,
+            last_progress: Instant::now(),
+            record: Box::default(),
+        }
+    }
+
+    /// Frames sent to the engine and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Frames sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Frames answered so far (answers come in order).
+    pub fn answered(&self) -> u64 {
+        self.answered
+    }
+
+    /// Frames that may be sent now: within the in-flight bound, and such
+    /// that `out` can take the answers of every frame in flight.
+    pub fn budget(&self, out: Option<&LineOut>) -> usize {
+        let by_bound = self.max_in_flight.saturating_sub(self.in_flight);
+        let by_room = match out {
+            Some(out) => ((out.capacity() - out.len()) / PACKETS_PER_FRAME).saturating_sub(self.in_flight),
+            None => by_bound,
+        };
+        by_bound.min(by_room)
+    }
+
+    /// Sends one frame (the caller checked [`EngineLink::budget`]).
+    pub fn send(&mut self, frame: &[f32; FRAME_SAMPLES], rec: &mut SessionRecord) {
+        let ctx = &self.app.ctx;
+        let pushed_at = ctx.metrics_on().then(Instant::now);
+        match ctx.send_frame_at(self.ticket, frame, pushed_at) {
+            Ok(()) => {
+                if self.in_flight == 0 {
+                    self.last_progress = Instant::now();
+                }
+                self.in_flight += 1;
+                self.sent += 1;
+                rec.frames_in += 1;
+            }
+            Err(_) => rec.frames_dropped += 1,
+        }
+    }
+
+    /// Takes every answer waiting: audio goes to `out` (when the line is
+    /// set up; before, there is none to answer). Returns how many answers
+    /// were taken, or the end of the session on a model fault.
+    pub fn pump(&mut self, mut out: Option<&mut LineOut>, rec: &mut SessionRecord) -> Result<usize, EndReason> {
+        let mut n = 0;
+        while self.mailbox.take(&mut self.record) {
+            n += 1;
+            self.in_flight = self.in_flight.saturating_sub(1);
+            self.answered += 1;
+            self.last_progress = Instant::now();
+            match self.record.kind {
+                FromEngineKind::NoOutputYet => {}
+                FromEngineKind::Dropped => rec.frames_dropped += 1,
+                FromEngineKind::Fault => return Err(EndReason::ModelFault),
+                FromEngineKind::Output => {
+                    rec.frames_out += 1;
+                    rec.text_tokens += 1;
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push_frame(&self.record.pcm);
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// When the oldest unanswered frame times out, if any is in flight.
+    pub fn stall_deadline(&self) -> Option<Instant> {
+        (self.in_flight > 0).then(|| self.last_progress + ENGINE_ANSWER_TIMEOUT)
+    }
+
+    /// Releases the slot (once, at the end).
+    pub fn release(&self) {
+        self.app.ctx.end_session(self.ticket);
+    }
+}

@@ -1,0 +1,126 @@
+//! Asterisk AudioSocket: the `AudioSocket()` dialplan application (and the
+//! `AudioSocket/` channel driver) connects to the daemon over TCP and
+//! streams the call as signed 16-bit linear PCM; the daemon answers with
+//! the model's audio, same kind and rate, one 20 ms message per 20 ms.
+//!
+//! ```text
+//! exten => 100,1,Answer()
+//!  same => n,AudioSocket(40325ec2-5efd-4bd3-805f-53576e581d13,moshid-host:9092)
+//! ```
+//!
+//! Files: [`protocol`] (framing, kinds, error codes; pure), [`session`] (one
+//! call), [`line`] (line audio ↔ model frames, the packet queue and the
+//! pacer) and [`link`] (the engine side) — the last two are shared with
+//! the Media Streams transport.
+//!
+//! Listening: with `audiosocket.enabled`, every I/O core binds
+//! `audiosocket.address` (`SO_REUSEPORT`: the kernel spreads calls over the
+//! cores; a call never leaves the core that accepted it). The protocol
+//! carries no credentials, so a listener off loopback requires
+//! `audiosocket.allowed_peers` (Asterisk's addresses); other peers are
+//! closed at once, as are connections beyond
+//! `audiosocket.max_connections_per_core`.
+//!
+//! Invariants: one task per connection; no state is shared between calls
+//! but the core's context; a malformed message ends only its own call
+//! (with an `0xff` error message); nothing per packet allocates (see
+//! [`session`]).
+
+pub mod line;
+pub mod link;
+pub mod protocol;
+pub mod session;
+
+use crate::io::app::CoreApp;
+use crate::io::listener::ConnTable;
+use glommio::net::TcpListener;
+use std::cell::Cell;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// How often a core logs that it closed AudioSocket connections.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Whether `ip` may open a call (`allowed` empty: anyone who can reach the
+/// listener, which validation restricts to loopback).
+pub fn peer_allowed(allowed: &[IpAddr], ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    allowed.is_empty() || allowed.iter().any(|a| a.to_canonical() == ip)
+}
+
+/// Checks `audiosocket.params` against the model at start, so that a bad
+/// parameter stops the daemon instead of failing every call.
+pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
+    let cfg = &shared.config;
+    let pairs: Vec<(String, String)> = cfg.audiosocket.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    crate::session::params::session_params(&pairs, &cfg.defaults, &shared.model_info)
+        .map(|_| ())
+        .map_err(|e| format!("config key `audiosocket.params`: {e}"))
+}
+
+/// Accepts AudioSocket connections on this core until the task is cancelled.
+pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
+    let cfg = &app.shared.config.audiosocket;
+    let table = ConnTable::new(cfg.max_connections_per_core, 0);
+    let refused = Cell::new(0u64);
+    let last_log: Cell<Option<Instant>> = Cell::new(None);
+    let log_refusal = |why: &dyn std::fmt::Display, peer: IpAddr| {
+        refused.set(refused.get() + 1);
+        let now = Instant::now();
+        if last_log.get().is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD) {
+            last_log.set(Some(now));
+            eprintln!(
+                "<4>core {}: closed an AudioSocket connection from {peer}: {why} ({} refused since start; logged at most every {} s)",
+                app.ctx.core,
+                refused.get(),
+                REFUSAL_LOG_PERIOD.as_secs()
+            );
+        }
+    };
+    loop {
+        let stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("<4>core {}: AudioSocket accept failed: {e}", app.ctx.core);
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(peer) = stream.peer_addr() else {
+            continue;
+        };
+        if !peer_allowed(&cfg.allowed_peers, peer.ip()) {
+            drop(stream);
+            log_refusal(&"not in audiosocket.allowed_peers", peer.ip());
+            continue;
+        }
+        let guard = match table.try_open(peer.ip()) {
+            Ok(g) => g,
+            Err(_) => {
+                drop(stream);
+                log_refusal(&"audiosocket.max_connections_per_core reached on this core", peer.ip());
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        glommio::spawn_local(async move {
+            let _guard = guard;
+            session::run(stream, peer, app).await;
+        })
+        .detach();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_allowed;
+
+    #[test]
+    fn allowed_peers() {
+        let a: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+        assert!(peer_allowed(&[], a));
+        assert!(peer_allowed(&[a], "::ffff:10.0.0.5".parse().unwrap()));
+        assert!(!peer_allowed(&[a], "10.0.0.6".parse().unwrap()));
+    }
+}

@@ -1,0 +1,629 @@
+//! One Media Streams connection, on the I/O core that accepted it.
+//!
+//! Before `start`: `connected` is accepted, `stop` ends the stream, any
+//! other event is a protocol error. `start` names the stream, its format
+//! (G.711 at 8 kHz, mono) and its `customParameters` (session parameters,
+//! over the URL's query); then the slot is taken and the pacer starts.
+//!
+//! One task per stream waits on whichever comes first — a message, an
+//! answer from the engine, the next packet time. The model's audio goes out
+//! as `media` events of 20 ms (160 bytes of G.711), one per 20 ms from
+//! absolute deadlines while audio is queued; nothing is sent while none is
+//! (the far end plays its own silence), and the first packet after a pause
+//! goes at once.
+//!
+//! Marks: a `mark` is echoed once the model's answers to every frame sent
+//! to the engine before it have been queued and every packet queued before
+//! that has been sent — "the audio before it was sent". `clear` drops the
+//! queued audio (barge-in) and echoes every pending mark at once, as Twilio
+//! does.
+//!
+//! Invariants: every buffer is made once per stream (decoded payload,
+//! outgoing message buffer, line path, marks queue with a fixed capacity);
+//! an outgoing message's bytes are split off one reusable `BytesMut` that
+//! the next message reclaims, so steady state allocates nothing of ours per
+//! packet (tungstenite still allocates each *incoming* message); frames in
+//! flight stay within the link's budget — when audio cannot be taken the
+//! stream stops reading its socket; an error ends only this stream, with an
+//! `error` event and a close frame that says why; whatever ends it, its
+//! slot is released and its record logged.
+
+use super::events::{self, BASE64};
+use crate::io::app::CoreApp;
+use crate::session::params::session_params;
+use crate::session::record::{EndReason, SessionRecord};
+use crate::telephony::g711::Law;
+use crate::transport::audiosocket::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
+use crate::transport::audiosocket::link::EngineLink;
+use crate::FRAME_SAMPLES;
+use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use async_tungstenite::tungstenite::protocol::CloseFrame;
+use async_tungstenite::tungstenite::{Message, Utf8Bytes};
+use async_tungstenite::WebSocketStream;
+use base64::Engine;
+use bytes::BytesMut;
+use futures_lite::StreamExt;
+use glommio::net::TcpStream;
+use glommio::timer::Timer;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Longest the loop sleeps without a deadline.
+const HOUSEKEEPING: Duration = Duration::from_millis(500);
+/// Capacity kept in the outgoing message buffer.
+const OUT_BUFFER_BYTES: usize = 4096;
+/// DTMF digits kept for the end-of-stream log line.
+const DTMF_LOG_DIGITS: usize = 32;
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// A mark waiting for its echo.
+struct PendingMark {
+    /// Frames sent to the engine before it.
+    after_frames: u64,
+    /// Packets queued before it, once those frames are answered.
+    at_packet: Option<u64>,
+    /// The name as a JSON string.
+    name_json: String,
+}
+
+/// Counters for the end-of-stream log line.
+#[derive(Default)]
+struct StreamStats {
+    media_in: u64,
+    other_tracks: u64,
+    media_out: u64,
+    marks: u64,
+    clears: u64,
+    cleared_packets: u64,
+    dtmf: u64,
+    dtmf_digits: [u8; DTMF_LOG_DIGITS],
+}
+
+struct Stream {
+    ws: Ws,
+    link: EngineLink,
+    rec: SessionRecord,
+    sid: String,
+    input: LineIn,
+    output: LineOut,
+    /// Decoded G.711 of the last `media` event, and how much was taken.
+    pending: Vec<u8>,
+    pending_len: usize,
+    pending_taken: usize,
+    frame: Box<[f32; FRAME_SAMPLES]>,
+    marks: VecDeque<PendingMark>,
+    max_marks: usize,
+    out: BytesMut,
+    seq: u64,
+    chunk: u64,
+    pacer: Pacer,
+    timer: Timer,
+    last_rx: Instant,
+    stats: StreamStats,
+}
+
+enum Wake {
+    Message(Option<Result<Message, async_tungstenite::tungstenite::Error>>),
+    Engine,
+    Timer,
+}
+
+/// What the first phase found.
+struct Started {
+    sid: String,
+    law: Law,
+    params: Vec<(String, String)>,
+}
+
+/// Runs one `/v1/media-stream` connection to its end and returns its record.
+pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> SessionRecord {
+    let shared = app.shared.clone();
+    let cfg = &shared.config;
+    let mut rec = SessionRecord::start(shared.session_id(), "media_stream");
+    let _ = ws.get_ref().set_write_timeout(Some(Duration::from_millis(cfg.session.send_timeout_ms)));
+    let idle = Duration::from_millis(cfg.session.idle_timeout_ms);
+    let started = match await_start(&mut ws, idle, query).await {
+        Ok(s) => s,
+        Err(reason) => {
+            rec.end(reason);
+            return finish_early(ws, rec, None, &app).await;
+        }
+    };
+    let params = match session_params(&started.params, &cfg.defaults, &shared.model_info) {
+        Ok(p) => p,
+        Err(e) => {
+            rec.end(EndReason::BadParameters(e.to_string()));
+            return finish_early(ws, rec, Some(&started.sid), &app).await;
+        }
+    };
+    let codec = LineCodec::G711(started.law);
+    let cap = (cfg.session.max_frames_in_flight + 2) * PACKETS_PER_FRAME;
+    let line = LineIn::new(codec, 8_000).and_then(|i| Ok((i, LineOut::new(codec, 8_000, cap)?)));
+    let (input, output) = match line {
+        Ok(l) => l,
+        Err(e) => {
+            rec.end(EndReason::SendFailed(format!("audio path: {e}")));
+            return finish_early(ws, rec, Some(&started.sid), &app).await;
+        }
+    };
+    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
+        Ok(t) => t,
+        Err(refusal) => {
+            rec.end(EndReason::Refused(refusal.to_string()));
+            return finish_early(ws, rec, Some(&started.sid), &app).await;
+        }
+    };
+    rec.slot = Some(ticket.slot);
+    let max_marks = cfg.media_streams.max_pending_marks;
+    // Largest decoded payload a message within the size limit can carry.
+    let max_payload = cfg.session.max_message_bytes / 4 * 3 + 3;
+    let mut s = Stream {
+        ws,
+        link: EngineLink::new(app, ticket, mailbox),
+        rec,
+        sid: started.sid,
+        input,
+        output,
+        pending: vec![0; max_payload],
+        pending_len: 0,
+        pending_taken: 0,
+        frame: Box::new([0.0; FRAME_SAMPLES]),
+        marks: VecDeque::with_capacity(max_marks),
+        max_marks,
+        out: BytesMut::with_capacity(OUT_BUFFER_BYTES),
+        seq: 0,
+        chunk: 0,
+        pacer: Pacer::default(),
+        timer: Timer::new(HOUSEKEEPING),
+        last_rx: Instant::now(),
+        stats: StreamStats::default(),
+    };
+    s.pacer.start(Instant::now());
+    let reason = s.serve(idle).await;
+    s.finish(reason).await
+}
+
+/// Reads events until `start`.
+async fn await_start(ws: &mut Ws, idle: Duration, query: Vec<(String, String)>) -> Result<Started, EndReason> {
+    loop {
+        let msg = match glommio::timer::timeout(idle, async { Ok(ws.next().await) }).await {
+            Err(_) => return Err(EndReason::IdleTimeout),
+            Ok(None) => return Err(EndReason::ClientClosed),
+            Ok(Some(Err(e))) => return Err(classify_ws_error(e)),
+            Ok(Some(Ok(m))) => m,
+        };
+        let text = match msg {
+            Message::Text(t) => t,
+            Message::Close(_) => return Err(EndReason::ClientClosed),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+            Message::Binary(_) => return Err(binary_refused()),
+        };
+        let event = events::parse(text.as_str()).map_err(bad_json)?;
+        match event.event.as_str() {
+            "connected" => {}
+            "stop" => return Err(EndReason::ClientClosed),
+            "start" => {
+                let Some(start) = event.start else {
+                    return Err(protocol("`start` without its `start` object"));
+                };
+                let sid = start
+                    .stream_sid
+                    .or_else(|| event.stream_sid.map(|s| s.as_str().to_string()))
+                    .ok_or_else(|| protocol("`start` without a streamSid"))?;
+                events::check_stream_sid(&sid).map_err(protocol)?;
+                let law = match &start.media_format {
+                    None => Law::Mu,
+                    Some(f) => {
+                        let law = match f.encoding.as_str() {
+                            "audio/x-mulaw" => Law::Mu,
+                            "audio/x-alaw" => Law::A,
+                            other => {
+                                return Err(EndReason::ProtocolError(format!(
+                                    "mediaFormat.encoding `{}` is not supported (audio/x-mulaw or audio/x-alaw)",
+                                    clip(other)
+                                )))
+                            }
+                        };
+                        if f.sample_rate != 8_000 || f.channels != 1 {
+                            return Err(EndReason::ProtocolError(format!(
+                                "mediaFormat {} Hz × {} channels is not supported (8000 Hz, 1 channel)",
+                                f.sample_rate, f.channels
+                            )));
+                        }
+                        law
+                    }
+                };
+                let mut params = query;
+                if let Some(map) = &start.custom_parameters {
+                    params.extend(events::custom_parameters(map).map_err(EndReason::ProtocolError)?);
+                }
+                return Ok(Started { sid, law, params });
+            }
+            "media" | "mark" | "clear" | "dtmf" => {
+                return Err(EndReason::ProtocolError(format!("`{}` before `start`", event.event.as_str())))
+            }
+            other => return Err(unknown_event(other)),
+        }
+    }
+}
+
+fn protocol(what: &str) -> EndReason {
+    EndReason::ProtocolError(what.to_string())
+}
+
+fn bad_json(e: serde_json::Error) -> EndReason {
+    EndReason::ProtocolError(format!("bad JSON event: {e}"))
+}
+
+fn binary_refused() -> EndReason {
+    protocol("binary messages are not part of the protocol; events are JSON text")
+}
+
+fn unknown_event(name: &str) -> EndReason {
+    EndReason::ProtocolError(format!("unknown event `{}`", clip(name)))
+}
+
+/// At most 40 characters of client text in an error.
+fn clip(s: &str) -> &str {
+    match s.char_indices().nth(40) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+impl Stream {
+    async fn serve(&mut self, idle: Duration) -> EndReason {
+        let max_secs = self.link.app.shared.config.session.max_session_seconds;
+        loop {
+            let now = Instant::now();
+            if self.output.is_empty() {
+                // Nothing to pace: the next packet may go at once.
+                self.pacer.rest(now);
+            }
+            match self.link.pump(Some(&mut self.output), &mut self.rec) {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.place_marks();
+                    if let Err(reason) = self.take_pending() {
+                        return reason;
+                    }
+                }
+                Err(reason) => return reason,
+            }
+            if let Err(reason) = self.send_due(now).await {
+                return reason;
+            }
+            if let Err(reason) = self.echo_marks().await {
+                return reason;
+            }
+            if self.link.mailbox.shutdown_requested() {
+                return EndReason::ServerShutdown;
+            }
+            if max_secs > 0 && self.rec.elapsed_secs() > max_secs as f64 {
+                return EndReason::MaxDuration;
+            }
+            let now = Instant::now();
+            if now.duration_since(self.last_rx) >= idle {
+                return EndReason::IdleTimeout;
+            }
+            if self.link.stall_deadline().is_some_and(|d| now >= d) {
+                return EndReason::EngineStalled;
+            }
+            let mut wake_at = (now + HOUSEKEEPING).min(self.last_rx + idle);
+            if let Some(d) = self.pacer.next_deadline().filter(|_| !self.output.is_empty()) {
+                wake_at = wake_at.min(d);
+            }
+            if let Some(d) = self.link.stall_deadline() {
+                wake_at = wake_at.min(d);
+            }
+            self.timer.reset(wake_at.saturating_duration_since(now));
+            let can_read = self.pending_taken == self.pending_len;
+            let wake = {
+                let ws = &mut self.ws;
+                let timer = &mut self.timer;
+                let mailbox = &self.link.mailbox;
+                let read = async {
+                    if can_read {
+                        Wake::Message(ws.next().await)
+                    } else {
+                        futures_lite::future::pending::<Wake>().await
+                    }
+                };
+                let engine = async {
+                    mailbox.ready().await;
+                    Wake::Engine
+                };
+                let tick = async {
+                    timer.await;
+                    Wake::Timer
+                };
+                futures_lite::future::or(read, futures_lite::future::or(engine, tick)).await
+            };
+            match wake {
+                Wake::Engine | Wake::Timer => {}
+                Wake::Message(None) => return EndReason::ClientClosed,
+                Wake::Message(Some(Err(e))) => return classify_ws_error(e),
+                Wake::Message(Some(Ok(msg))) => {
+                    self.last_rx = Instant::now();
+                    if let Err(reason) = self.on_message(msg).await {
+                        return reason;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one message after `start`; `Err` ends the stream.
+    async fn on_message(&mut self, msg: Message) -> Result<(), EndReason> {
+        let text = match msg {
+            Message::Text(t) => t,
+            Message::Close(_) => return Err(EndReason::ClientClosed),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
+            Message::Binary(_) => return Err(binary_refused()),
+        };
+        let event = events::parse(text.as_str()).map_err(bad_json)?;
+        match event.event.as_str() {
+            "media" => {
+                let Some(media) = event.media else {
+                    return Err(protocol("`media` without its `media` object"));
+                };
+                if media.track.as_ref().is_some_and(|t| !t.as_str().starts_with("inbound")) {
+                    self.stats.other_tracks += 1;
+                    return Ok(());
+                }
+                let n = BASE64
+                    .decode_slice(media.payload.as_str(), &mut self.pending)
+                    .map_err(|e| EndReason::ProtocolError(format!("bad base64 in media.payload: {e}")))?;
+                self.stats.media_in += 1;
+                self.pending_len = n;
+                self.pending_taken = 0;
+                self.take_pending()
+            }
+            "mark" => {
+                let Some(mark) = event.mark else {
+                    return Err(protocol("`mark` without its `mark` object"));
+                };
+                if self.marks.len() == self.max_marks {
+                    return Err(protocol("too many marks waiting for their echo (media_streams.max_pending_marks)"));
+                }
+                let name_json = serde_json::to_string(mark.name.as_str()).expect("a string serializes");
+                self.stats.marks += 1;
+                let after_frames = self.link.sent();
+                let at_packet = (self.link.answered() >= after_frames).then(|| self.output.stats().queued);
+                self.marks.push_back(PendingMark {
+                    after_frames,
+                    at_packet,
+                    name_json,
+                });
+                self.echo_marks().await
+            }
+            "clear" => {
+                self.stats.clears += 1;
+                self.stats.cleared_packets += self.output.clear() as u64;
+                while let Some(m) = self.marks.pop_front() {
+                    self.send_mark(&m.name_json).await?;
+                }
+                Ok(())
+            }
+            "dtmf" => {
+                let digit = event.dtmf.as_ref().and_then(|d| d.digit.as_str().bytes().next()).unwrap_or(b'?');
+                let i = self.stats.dtmf as usize;
+                if i < DTMF_LOG_DIGITS {
+                    self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() { digit } else { b'?' };
+                }
+                self.stats.dtmf += 1;
+                Ok(())
+            }
+            "stop" => Err(EndReason::ClientClosed),
+            "connected" => Ok(()),
+            "start" => Err(protocol("a second `start`")),
+            other => Err(unknown_event(other)),
+        }
+    }
+
+    /// Feeds the decoded payload to the engine as far as its budget allows.
+    fn take_pending(&mut self) -> Result<(), EndReason> {
+        if self.pending_taken == self.pending_len {
+            return Ok(());
+        }
+        let budget = self.link.budget(Some(&self.output));
+        let link = &mut self.link;
+        let rec = &mut self.rec;
+        let taken = self.input.push(
+            &self.pending[self.pending_taken..self.pending_len],
+            budget,
+            &mut self.frame,
+            |f| link.send(f, rec),
+        );
+        self.pending_taken += taken;
+        Ok(())
+    }
+
+    /// Gives marks waiting for the engine their place in the packet queue.
+    fn place_marks(&mut self) {
+        let answered = self.link.answered();
+        let queued = self.output.stats().queued;
+        for m in self.marks.iter_mut().filter(|m| m.at_packet.is_none()) {
+            if answered >= m.after_frames {
+                m.at_packet = Some(queued);
+            }
+        }
+    }
+
+    /// Echoes the marks whose audio has been sent, in order.
+    async fn echo_marks(&mut self) -> Result<(), EndReason> {
+        let taken = self.output.stats().taken;
+        while self.marks.front().is_some_and(|m| m.at_packet.is_some_and(|at| taken >= at)) {
+            let m = self.marks.pop_front().expect("checked");
+            self.send_mark(&m.name_json).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_mark(&mut self, name_json: &str) -> Result<(), EndReason> {
+        self.seq += 1;
+        self.out.reserve(OUT_BUFFER_BYTES);
+        events::write_mark(&mut self.out, self.seq, &self.sid, name_json);
+        self.send_out().await
+    }
+
+    /// Sends the packets due now.
+    async fn send_due(&mut self, now: Instant) -> Result<(), EndReason> {
+        let (send, skip) = self.pacer.due(now);
+        self.output.skip(skip as usize);
+        self.chunk += skip as u64;
+        for _ in 0..send {
+            let Some(packet) = self.output.front() else {
+                break;
+            };
+            self.seq += 1;
+            self.chunk += 1;
+            self.out.reserve(OUT_BUFFER_BYTES);
+            let ts = (self.chunk - 1) * PACKET_MS as u64;
+            events::write_media(&mut self.out, self.seq, &self.sid, self.chunk, ts, packet);
+            self.output.pop();
+            self.send_out().await?;
+            self.stats.media_out += 1;
+            self.echo_marks().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the message in `out` (its bytes are split off; the buffer is
+    /// reclaimed by the next `reserve` once tungstenite dropped them).
+    async fn send_out(&mut self) -> Result<(), EndReason> {
+        let bytes = self.out.split();
+        let text = Utf8Bytes::try_from(bytes).expect("events are ASCII JSON");
+        self.ws.send(Message::Text(text)).await.map_err(classify_ws_error)
+    }
+
+    /// Releases the slot, tells the client how the stream ended, logs it.
+    async fn finish(mut self, reason: EndReason) -> SessionRecord {
+        self.link.release();
+        self.rec.end(reason);
+        let reason = self.rec.end_reason.clone().expect("set just above");
+        let limit = Duration::from_millis(self.link.app.shared.config.session.send_timeout_ms);
+        if !matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer) {
+            let _ = glommio::timer::timeout(limit, async {
+                goodbye(&mut self.ws, Some(&self.sid), &reason).await;
+                Ok(())
+            })
+            .await;
+        } else if matches!(reason, EndReason::ClientClosed) {
+            // Complete the closing handshake (or close after `stop`).
+            let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.close(None).await;
+                Ok(())
+            })
+            .await;
+        }
+        self.rec.log();
+        let out = self.output.stats();
+        let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
+        eprintln!(
+            "<6>media stream end id={} stream_sid={} media_in={} other_tracks={} media_out={} dropped_out={} skipped_out={} marks={} clears={} cleared_packets={} dtmf={} digits={:?} reason={}",
+            self.rec.id,
+            self.sid,
+            self.stats.media_in,
+            self.stats.other_tracks,
+            self.stats.media_out,
+            out.dropped,
+            self.pacer.skipped(),
+            self.stats.marks,
+            self.stats.clears,
+            self.stats.cleared_packets,
+            self.stats.dtmf,
+            String::from_utf8_lossy(digits),
+            reason.label(),
+        );
+        self.rec
+    }
+}
+
+/// Ends a stream that never got a slot.
+async fn finish_early(mut ws: Ws, rec: SessionRecord, sid: Option<&str>, app: &CoreApp) -> SessionRecord {
+    let reason = rec.end_reason.clone().expect("ended by the caller");
+    if !matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer) {
+        let limit = Duration::from_millis(app.shared.config.session.send_timeout_ms);
+        let _ = glommio::timer::timeout(limit, async {
+            goodbye(&mut ws, sid, &reason).await;
+            Ok(())
+        })
+        .await;
+    } else if matches!(reason, EndReason::ClientClosed) {
+        let _ = ws.close(None).await;
+    }
+    rec.log();
+    eprintln!(
+        "<6>media stream end id={} stream_sid={} media_in=0 reason={}",
+        rec.id,
+        sid.unwrap_or("-"),
+        reason.label()
+    );
+    rec
+}
+
+/// An `error` event where the end is an error, then a close frame whose
+/// reason says why.
+async fn goodbye(ws: &mut Ws, sid: Option<&str>, reason: &EndReason) {
+    let message = match reason {
+        EndReason::ProtocolError(d) => Some(format!("protocol error: {d}")),
+        EndReason::BadParameters(d) => Some(format!("bad parameters: {d}")),
+        EndReason::Refused(d) => Some(format!("refused: {d}")),
+        EndReason::IdleTimeout => Some("idle timeout: no message received".to_string()),
+        EndReason::ModelFault => Some("the model failed for this stream".to_string()),
+        EndReason::EngineStalled => Some("the engine did not answer in time".to_string()),
+        EndReason::SendFailed(d) => Some(format!("internal error: {d}")),
+        _ => None,
+    };
+    if let Some(text) = &message {
+        let mut event = serde_json::json!({
+            "event": "error",
+            "error": { "reason": reason.label(), "message": text },
+        });
+        if let Some(sid) = sid {
+            event["streamSid"] = sid.into();
+        }
+        let _ = ws.send(Message::Text(event.to_string().into())).await;
+    }
+    let code = match reason {
+        EndReason::ProtocolError(_) => CloseCode::Protocol,
+        EndReason::BadParameters(_) => CloseCode::Policy,
+        EndReason::Refused(_) => CloseCode::Again,
+        EndReason::ServerShutdown => CloseCode::Away,
+        EndReason::ModelFault | EndReason::EngineStalled | EndReason::SendFailed(_) => CloseCode::Error,
+        _ => CloseCode::Normal,
+    };
+    // A close reason is at most 123 bytes.
+    let text = message.unwrap_or_else(|| reason.label().to_string());
+    let mut cut = text.len().min(123);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let _ = ws
+        .close(Some(CloseFrame {
+            code,
+            reason: text[..cut].to_string().into(),
+        }))
+        .await;
+}
+
+fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
+    use async_tungstenite::tungstenite::error::ProtocolError;
+    use async_tungstenite::tungstenite::Error;
+    match e {
+        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
+        Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof => {
+                EndReason::ClientClosed
+            }
+            _ => EndReason::ProtocolError(format!("connection error: {io}")),
+        },
+        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
+        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => EndReason::ClientClosed,
+        Error::Protocol(p) => EndReason::ProtocolError(format!("WebSocket protocol: {p}")),
+        other => EndReason::ProtocolError(other.to_string()),
+    }
+}

@@ -1,0 +1,35 @@
+//! The RTP telephony transport: Asterisk ARI externalMedia, FreeSWITCH,
+//! CPaaS media bridges — anything that sends and receives plain RTP.
+//!
+//! A control call (`POST /v1/rtp/sessions`, [`control`]) allocates a
+//! session: a model slot, a UDP port on the I/O core that took the call,
+//! and the session's task there ([`session`]). The session latches onto
+//! the first source of valid RTP (symmetric RTP; a third party cannot take
+//! over), buffers and orders what arrives ([`jitter`]), conceals loss,
+//! resamples to 24 kHz and releases exactly one 80 ms frame per engine tick
+//! of its phase group ([`clock`]); the model's audio goes back resampled,
+//! encoded and paced at `ptime` ([`sender`]), with comfort silence until
+//! the model speaks. RFC 4733 digits are reported on the session's event
+//! stream ([`dtmf`], [`state`]).
+//!
+//! RTCP: recognised (RFC 5761 demultiplexing, [`packet::is_rtcp`]) and
+//! ignored — the daemon sends none. Loss and jitter are visible on the
+//! session's counters instead.
+//!
+//! Files: [`packet`] (RFC 3550 parse/write), [`seq`] (extended sequence
+//! numbers and timestamps), [`jitter`] and [`conceal`] (playout),
+//! [`dtmf`], [`sender`], [`clock`], [`state`] (what the control API sees,
+//! the registry), [`session`] (the tasks), [`control`] (HTTP).
+
+pub mod clock;
+pub mod conceal;
+pub mod control;
+pub mod dtmf;
+pub mod jitter;
+pub mod packet;
+pub mod sender;
+pub mod seq;
+pub mod session;
+pub mod state;
+
+pub use state::Registry;

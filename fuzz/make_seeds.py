@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora under fuzz/corpus/<target>/ from real
+inputs: the sphn-written Ogg Opus fixtures of daemon/tests/data, the example
+configs, typical HTTP requests and query strings. Run again after changing an
+input format; the files are small and deterministic."""
+
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OGGS = [os.path.join(ROOT, "daemon/tests/data", f) for f in ("sphn_sine440_1s.ogg", "sphn_chirp_2s.ogg")]
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def pages(ogg):
+    out, i = [], 0
+    while i + 27 <= len(ogg):
+        assert ogg[i:i + 4] == b"OggS"
+        n = ogg[i + 26]
+        end = i + 27 + n + sum(ogg[i + 27:i + 27 + n])
+        out.append(ogg[i:end])
+        i = end
+    return out
+
+
+def msg(kind, payload=b""):
+    body = bytes([kind]) + payload
+    return struct.pack(">H", len(body)) + body
+
+
+for path in OGGS:
+    name = os.path.basename(path)[:-4]
+    ogg = open(path, "rb").read()
+    # ogg_opus_decoder: [flags, split seed, stream]
+    write("ogg_opus_decoder", name, bytes([0, 0]) + ogg)
+    write("ogg_opus_decoder", name + "-split7-trim", bytes([2, 7]) + ogg)
+    write("ogg_opus_decoder", name + "-head-only", bytes([0, 3]) + b"".join(pages(ogg)[:2]))
+    # ws_client_message: [flags, (u16 len, message)...], one page per message
+    # as sphn's writer hands them out, plus kinds the server ignores.
+    ps = pages(ogg)
+    write("ws_client_message", name, bytes([0]) + msg(0x00) + b"".join(msg(0x01, p) for p in ps[:12]))
+    write("ws_client_message", name + "-mixed", bytes([1]) + msg(0x01, b"".join(ps[:3])) + msg(0x02, b"hello")
+          + msg(0x06) + msg(0x01, b"".join(ps[3:8])) + msg(0x03, b"\x00") + msg(0x07, b"?"))
+
+# http_head: [split seed, request bytes]
+requests = {
+    "ws-upgrade": b"GET /api/chat?text_temperature=0.7&seed=42&condition.description=very_good HTTP/1.1\r\n"
+    b"Host: 127.0.0.1:8998\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Authorization: Bearer s3cret\r\n\r\n\x82\x81abcd\x01",
+    "health": b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    "capacity-api-key": b"GET /capacity HTTP/1.0\r\nkyutai-api-key: s3cret\r\n\r\n",
+    "post-body": b"POST /admin/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 17\r\nExpect: 100-continue\r\n\r\n{\"enabled\": true}",
+    "absolute-form": b"GET http://example.com/ready?x=%20y HTTP/1.1\r\nHost: example.com\r\n\r\n",
+    "chunked": b"POST /v1/rtp/sessions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+}
+for name, req in requests.items():
+    write("http_head", name, bytes([0]) + req)
+    write("http_head", name + "-split", bytes([5]) + req)
+
+# config_json: the shipped examples and the README's defaults.
+write("config_json", "empty", b"{}")
+write("config_json", "example", open(os.path.join(ROOT, "systemd/moshid.example.json"), "rb").read())
+defaults = {
+    "model": {"dir": None, "backend": "auto", "max_slots": 8, "cache_dir": None},
+    "runtime": {"io_cores": 1, "io_cpus": None, "engine_cpu": None},
+    "engine": {"phase_groups": 1, "budget_margin_ms": 10.0, "queued_frames_per_slot": 4, "warmup_steps": 3},
+    "listen": {"address": "127.0.0.1:8998", "max_connections_per_core": 1024, "max_connections_per_ip": 0,
+               "agent_address": None, "token": None, "max_head_bytes": 16384, "max_body_bytes": 65536,
+               "head_timeout_ms": 5000},
+    "session": {"max_message_bytes": 65536, "max_frames_in_flight": 8, "idle_timeout_ms": 30000,
+                "max_session_seconds": 3600, "max_queued_messages": 256, "drain_grace_ms": 30000},
+    "defaults": {"text_temperature": 0.7, "text_topk": 25, "audio_temperature": 0.8, "audio_topk": 250,
+                 "cfg_coef": 1.0},
+}
+write("config_json", "defaults", json.dumps(defaults, indent=1).encode())
+write("config_json", "public", b'{"listen": {"address": "[::]:8998", "token": "t", "agent_address": "0.0.0.0:9998"},'
+      b' "runtime": {"io_cores": 2, "io_cpus": [0, 1]}, "engine": {"phase_groups": 4, "budget_margin_ms": 2.5}}')
+
+# session_query: raw query strings as clients send them.
+for i, q in enumerate([
+    "text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&seed=42",
+    "greedy=true&seed=-1&worker_auth_id=abc&pad_mult=0",
+    "condition.description=very_good&null_condition.description=very_bad&cfg_coef=3.0",
+    "?text_temperature=1e1&audio_topk=1000000&greedy=0&x=%C3%A9+y",
+]):
+    write("session_query", "q%d" % i, q.encode())
