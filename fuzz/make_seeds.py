@@ -94,3 +94,39 @@ for i, q in enumerate([
     "?text_temperature=1e1&audio_topk=1000000&greedy=0&x=%C3%A9+y",
 ]):
     write("session_query", "q%d" % i, q.encode())
+
+# rtp_packet: [dtmf payload type, (u16 len, datagram)...]: PCMU audio, a
+# padded packet with a CSRC and an extension, RTCP, and one RFC 4733 digit
+# (start, continuation, three end packets).
+def rtp(pt, seq, ts, payload, marker=False, csrc=0, ext=None, pad=0):
+    b0 = 0x80 | (0x20 if pad else 0) | (0x10 if ext is not None else 0) | csrc
+    out = struct.pack(">BBHII", b0, (0x80 if marker else 0) | pt, seq, ts, 0x1234ABCD)
+    out += b"\x00\x00\x00\x01" * csrc
+    if ext is not None:
+        out += struct.pack(">HH", 0xBEDE, len(ext) // 4) + ext
+    out += payload
+    if pad:
+        out += b"\x00" * (pad - 1) + bytes([pad])
+    return out
+
+
+def dg(b):
+    return struct.pack(">H", len(b)) + b
+
+
+stream = [rtp(0, 1, 160, b"\xff" * 160), rtp(0, 2, 320, b"\x7f" * 160, csrc=1, ext=b"\x10\x01\x02\x03", pad=4)]
+stream.append(struct.pack(">BBHI", 0x81, 201, 7, 0x1234ABCD) + b"\x00" * 24)  # RTCP RR
+for i, (e_bit, dur) in enumerate([(0, 160), (0, 320), (1, 480), (1, 480), (1, 480)]):
+    stream.append(rtp(101, 3 + i, 480, struct.pack(">BBH", 5, (0x80 if e_bit else 0) | 10, dur), marker=(i == 0)))
+write("rtp_packet", "pcmu-dtmf5", bytes([101]) + b"".join(dg(x) for x in stream))
+write("rtp_packet", "dtmf-hash-star", bytes([96]) + b"".join(dg(rtp(96, s, ts, struct.pack(">BBH", ev, 0x8A, 800)))
+                                                      for s, ts, ev in [(1, 0, 11), (2, 0, 11), (3, 1600, 10)]))
+
+# rtp_control_json: bodies of POST /v1/rtp/sessions.
+for name, body in {
+    "pcmu": {"codec": "PCMU", "remote": "127.0.0.1:40000", "dtmf_payload_type": 101},
+    "l16": {"codec": "L16", "payload_type": 96, "sample_rate": 16000, "ptime_ms": 20,
+            "params": {"seed": 42, "greedy": True, "text_temperature": "0.5"}},
+    "opus": {"codec": "opus", "payload_type": 111, "ptime_ms": 40},
+}.items():
+    write("rtp_control_json", name, json.dumps(body).encode())

@@ -9,6 +9,7 @@ mod common;
 
 use common::*;
 use moshid::codec::{EncoderConfig, OggOpusEncoder};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
@@ -445,4 +446,53 @@ fn half_page_then_drop(addr: std::net::SocketAddr) {
     assert_eq!(c.log.audio_payloads.len(), 1, "{}", c.log.summary());
     assert!(!c.log.closed, "closed before the drop: {}", c.log.summary());
     c.drop_connection();
+}
+
+/// `0x03 0x01` (end of input): the daemon answers every frame in flight,
+/// then sends the session's record with `input_finished` and closes — no
+/// idle timeout, no error.
+#[test]
+fn end_of_input_is_answered_then_the_session_closes() {
+    let daemon = Daemon::start(&[], None);
+    let mut client = ChatClient::start(daemon.addr, "seed=11");
+    client.send_frames(&signal(4, 10), Pace::Burst);
+    client.send_raw(vec![0x03, 0x01]);
+    client.wait_closed(Duration::from_secs(30));
+    let log = client.log;
+    assert_eq!(log.end_kind(), Some("input_finished"), "{}", log.summary());
+    assert!(log.errors.is_empty(), "{}", log.summary());
+    let s = log.session();
+    assert_eq!(s["frames_in"], 10, "{}", log.summary());
+    // The model's delay of one frame: nine answers for ten frames.
+    assert_eq!(s["frames_out"], 9, "{}", log.summary());
+    assert_eq!(log.audio_pcm.len(), 9, "{}", log.summary());
+    daemon.wait_idle();
+}
+
+/// A Hibiki-shaped model is drained at the end of input as the official
+/// inference does: one end-of-stream frame, then silence until it ends its
+/// text or `session.drain_max_frames` frames have gone.
+#[test]
+fn hibiki_is_drained_after_the_end_of_input() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/hibiki-tiny");
+    let model = fixture.to_str().expect("UTF-8 path");
+    let config = r#"{"session": {"drain_max_frames": 6, "idle_timeout_ms": 20000}}"#;
+    let daemon = Daemon::start(&["--model", model], Some(config));
+    let mut client = ChatClient::start(daemon.addr, "seed=5");
+    client.send_frames(&signal(1, 8), Pace::Burst);
+    client.send_raw(vec![0x03, 0x01]);
+    client.wait_closed(Duration::from_secs(60));
+    let log = client.log;
+    assert_eq!(log.end_kind(), Some("input_finished"), "{}", log.summary());
+    let s = log.session();
+    assert_eq!(s["frames_in"], 8, "{}", log.summary());
+    // Hibiki's delay is 2 frames: the 8 input frames give 6 answers; the
+    // end-of-stream frame and up to 6 silent frames give up to 7 more.
+    let out = s["frames_out"].as_u64().expect("frames_out");
+    assert!(
+        (7..=13).contains(&out),
+        "{out} frames out: {}",
+        log.summary()
+    );
+    daemon.wait_idle();
 }

@@ -40,7 +40,7 @@ pub fn agent_line(ready: bool, accepting: bool, admissible: usize, max_slots: us
     let share = (admissible.min(max_slots) * 100)
         .div_ceil(max_slots)
         .clamp(1, 100);
-    format!("up {share}%")
+    format!("up ready {share}%")
 }
 
 /// The agent line for the engine in `cell` (`maint` while it does not exist).

@@ -194,6 +194,9 @@ pub struct SessionConfig {
     /// On shutdown, how long sessions may go on before they are closed, in
     /// milliseconds.
     pub drain_grace_ms: u64,
+    /// After the end of input, the most silent frames fed to a model that
+    /// must be drained (Hibiki) before the session ends anyway.
+    pub drain_max_frames: usize,
 }
 
 impl Default for SessionConfig {
@@ -205,6 +208,7 @@ impl Default for SessionConfig {
             max_session_seconds: 3_600,
             send_timeout_ms: 5_000,
             drain_grace_ms: 30_000,
+            drain_max_frames: 250,
         }
     }
 }
@@ -536,7 +540,10 @@ impl Config {
             return Err(invalid("audiosocket.uuid_timeout_ms", "must be positive"));
         }
         if a.max_connections_per_core == 0 {
-            return Err(invalid("audiosocket.max_connections_per_core", "must be positive"));
+            return Err(invalid(
+                "audiosocket.max_connections_per_core",
+                "must be positive",
+            ));
         }
         if a.enabled {
             if a.address.port() != 0 && a.address.port() == l.address.port() {
@@ -556,7 +563,10 @@ impl Config {
             }
         }
         if self.media_streams.max_pending_marks == 0 {
-            return Err(invalid("media_streams.max_pending_marks", "must be positive"));
+            return Err(invalid(
+                "media_streams.max_pending_marks",
+                "must be positive",
+            ));
         }
         let d = &self.defaults;
         if !(d.text_temperature >= 0.0 && d.audio_temperature >= 0.0) {
@@ -684,17 +694,22 @@ mod tests {
         let c = parse("{}").unwrap();
         assert!(!c.audiosocket.enabled && c.media_streams.enabled);
         let c = parse(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0", "params": {"seed": "7"}}}"#).unwrap();
-        assert_eq!(c.audiosocket.params.get("seed").map(String::as_str), Some("7"));
+        assert_eq!(
+            c.audiosocket.params.get("seed").map(String::as_str),
+            Some("7")
+        );
         let e = parse(r#"{"audiosocket": {"max_payload_bytes": 100}}"#).unwrap_err();
         assert!(e.contains("audiosocket.max_payload_bytes"), "{e}");
         let e = parse(r#"{"audiosocket": {"max_payload_bytes": 70000}}"#).unwrap_err();
         assert!(e.contains("audiosocket.max_payload_bytes"), "{e}");
         let e = parse(r#"{"audiosocket": {"uuid_timeout_ms": 0}}"#).unwrap_err();
         assert!(e.contains("audiosocket.uuid_timeout_ms"), "{e}");
-        let e = parse(r#"{"audiosocket": {"enabled": true, "address": "0.0.0.0:9092"}}"#).unwrap_err();
+        let e =
+            parse(r#"{"audiosocket": {"enabled": true, "address": "0.0.0.0:9092"}}"#).unwrap_err();
         assert!(e.contains("audiosocket.allowed_peers"), "{e}");
         parse(r#"{"audiosocket": {"enabled": true, "address": "0.0.0.0:9092", "allowed_peers": ["10.1.2.3"]}}"#).unwrap();
-        let e = parse(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:8998"}}"#).unwrap_err();
+        let e = parse(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:8998"}}"#)
+            .unwrap_err();
         assert!(e.contains("audiosocket.address"), "{e}");
         let e = parse(r#"{"audiosocket": {"enabeld": true}}"#).unwrap_err();
         assert!(e.contains("enabeld"), "{e}");

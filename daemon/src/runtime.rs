@@ -160,8 +160,13 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
     let pieces = match &dir.tokenizer {
         Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
-        None => PieceTable::from_pieces(Vec::<(String, f32, moshid_model::spm::PieceKind)>::new())
-            .map_err(|e| anyhow!("empty piece table: {e}"))?,
+        // A folder without a tokenizer: no token is printed as text.
+        None => PieceTable::from_pieces([(
+            "<unk>".to_string(),
+            0.0,
+            moshid_model::spm::PieceKind::Unknown,
+        )])
+        .map_err(|e| anyhow!("placeholder piece table: {e}"))?,
     };
     let info = ModelInfo {
         conditioners: dir
@@ -171,6 +176,10 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             .map(|c| (c.name.clone(), c.possible_values.clone()))
             .collect(),
         is_hibiki: dir.lm.model_type == moshid_model::config::ModelType::Hibiki,
+        drain_text_eos: match model.lm().end_of_stream() {
+            moshid_model::lm::EndOfStream::DrainUntilText { text_eos_id, .. } => Some(text_eos_id),
+            moshid_model::lm::EndOfStream::WithInput => None,
+        },
     };
     let description = if demo {
         format!(
@@ -188,6 +197,9 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
     })
 }
 
+/// Called once with the engine's shared state (see [`Hooks::on_engine`]).
+pub type EngineHook = Box<dyn FnOnce(&Arc<EngineShared>) + Send>;
+
 /// Hooks into the daemon's life (systemd notification, tests).
 #[derive(Default)]
 pub struct Hooks {
@@ -199,7 +211,7 @@ pub struct Hooks {
     pub on_stopping: Option<Box<dyn FnOnce() + Send>>,
     /// Called once with the engine's shared state, before the engine starts
     /// (systemd status lines, the HAProxy agent-check responder).
-    pub on_engine: Option<Box<dyn FnOnce(&Arc<EngineShared>) + Send>>,
+    pub on_engine: Option<EngineHook>,
 }
 
 /// Serves until `stop` reports a signal, then drains and returns.

@@ -84,7 +84,11 @@ fn read_all(mut s: TcpStream) -> Vec<Msg> {
             buf.drain(..3 + len);
         }
     }
-    assert!(buf.is_empty(), "{} bytes of a partial message at the end", buf.len());
+    assert!(
+        buf.is_empty(),
+        "{} bytes of a partial message at the end",
+        buf.len()
+    );
     out
 }
 
@@ -119,18 +123,37 @@ fn healthy_call(addr: SocketAddr, tag: u8, seconds: f64) -> Vec<Msg> {
 /// Checks a healthy call's answers; returns the count.
 fn check_healthy(who: &str, msgs: &[Msg], expected_packets: usize) -> usize {
     for (i, m) in msgs.iter().enumerate() {
-        assert_eq!(m.kind, 0x10, "{who}: message {i} has kind {:#04x} ({:?})", m.kind, m.payload);
+        assert_eq!(
+            m.kind, 0x10,
+            "{who}: message {i} has kind {:#04x} ({:?})",
+            m.kind, m.payload
+        );
         assert_eq!(m.payload.len(), PACKET_BYTES, "{who}: message {i} size");
     }
     let n = msgs.len();
     let lo = expected_packets * 8 / 10;
     let hi = expected_packets * 12 / 10;
-    assert!((lo..=hi).contains(&n), "{who}: {n} packets back, expected about {expected_packets}");
-    let voiced = msgs.iter().filter(|m| m.payload.iter().any(|&b| b != 0)).count();
-    let leading_silence = msgs.iter().take_while(|m| m.payload.iter().all(|&b| b == 0)).count();
+    assert!(
+        (lo..=hi).contains(&n),
+        "{who}: {n} packets back, expected about {expected_packets}"
+    );
+    let voiced = msgs
+        .iter()
+        .filter(|m| m.payload.iter().any(|&b| b != 0))
+        .count();
+    let leading_silence = msgs
+        .iter()
+        .take_while(|m| m.payload.iter().all(|&b| b == 0))
+        .count();
     println!("{who}: {n} packets back, {voiced} with model audio, {leading_silence} of silence before the first");
-    assert!(leading_silence >= 1, "{who}: the first packet should be silence (the model has no output yet)");
-    assert!(voiced >= n / 2, "{who}: only {voiced} of {n} packets carry the model's audio");
+    assert!(
+        leading_silence >= 1,
+        "{who}: the first packet should be silence (the model has no output yet)"
+    );
+    assert!(
+        voiced >= n / 2,
+        "{who}: only {voiced} of {n} packets carry the model's audio"
+    );
     let arrivals: Vec<Instant> = msgs.iter().map(|m| m.at).collect();
     print_gaps(who, &arrivals);
     n
@@ -140,16 +163,33 @@ fn check_healthy(who: &str, msgs: &[Msg], expected_packets: usize) -> usize {
 fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let daemon = Daemon::start(CONFIG);
-    let addr = daemon.audiosocket.expect("the daemon printed its AudioSocket address");
+    let addr = daemon
+        .audiosocket
+        .expect("the daemon printed its AudioSocket address");
     let msgs = healthy_call(addr, 1, 2.0);
     check_healthy("healthy call", &msgs, 100);
-    let line = daemon.wait_for_log(&["audiosocket call end", "-000000000001"], Duration::from_secs(10));
+    let line = daemon.wait_for_log(
+        &["audiosocket call end", "-000000000001"],
+        Duration::from_secs(10),
+    );
     println!("{line}");
-    assert!(line.contains("kind=0x10") && line.contains("rate_hz=8000"), "{line}");
-    assert!(line.contains("dtmf=1") && line.contains(r#"digits="5""#), "{line}");
-    assert!(line.contains("reason=client_closed") && line.contains("error_code=-"), "{line}");
+    assert!(
+        line.contains("kind=0x10") && line.contains("rate_hz=8000"),
+        "{line}"
+    );
+    assert!(
+        line.contains("dtmf=1") && line.contains(r#"digits="5""#),
+        "{line}"
+    );
+    assert!(
+        line.contains("reason=client_closed") && line.contains("error_code=-"),
+        "{line}"
+    );
     assert!(line.contains("audio_in=100"), "{line}");
-    let session = daemon.wait_for_log(&["session end", "transport=audiosocket"], Duration::from_secs(10));
+    let session = daemon.wait_for_log(
+        &["session end", "transport=audiosocket"],
+        Duration::from_secs(10),
+    );
     assert!(session.contains("frames_in=25"), "{session}");
 }
 
@@ -188,38 +228,85 @@ fn malformed_messages_end_only_their_own_call() {
     five_then_oversized.push(header(0x10, 60_000).to_vec());
     let cases: Vec<(&str, Vec<Vec<u8>>, u8)> = vec![
         ("UUID of 15 bytes", vec![message(0x01, &[0x40; 15])], 0x01),
-        ("odd audio length", vec![uuid_message(11), message(0x10, &[1, 2, 3])], 0x01),
-        ("DTMF of two bytes", vec![uuid_message(12), message(0x03, b"12")], 0x01),
-        ("unknown kind", vec![uuid_message(14), message(0x42, &[])], 0x02),
-        ("audio before the UUID", vec![audio_message(0), uuid_message(15)], 0x03),
-        ("a second UUID", vec![uuid_message(16), uuid_message(17)], 0x03),
+        (
+            "odd audio length",
+            vec![uuid_message(11), message(0x10, &[1, 2, 3])],
+            0x01,
+        ),
+        (
+            "DTMF of two bytes",
+            vec![uuid_message(12), message(0x03, b"12")],
+            0x01,
+        ),
+        (
+            "unknown kind",
+            vec![uuid_message(14), message(0x42, &[])],
+            0x02,
+        ),
+        (
+            "audio before the UUID",
+            vec![audio_message(0), uuid_message(15)],
+            0x03,
+        ),
+        (
+            "a second UUID",
+            vec![uuid_message(16), uuid_message(17)],
+            0x03,
+        ),
         ("oversized payload", five_then_oversized, 0x04),
     ];
     let handles: Vec<_> = cases
         .into_iter()
-        .map(|(who, msgs, code)| (who, code, thread::spawn(move || bad_call(addr, msgs, Duration::from_millis(20)))))
+        .map(|(who, msgs, code)| {
+            (
+                who,
+                code,
+                thread::spawn(move || bad_call(addr, msgs, Duration::from_millis(20))),
+            )
+        })
         .collect();
     for (who, code, h) in handles {
         let msgs = h.join().unwrap();
-        let last = msgs.last().unwrap_or_else(|| panic!("{who}: nothing received before the close"));
+        let last = msgs
+            .last()
+            .unwrap_or_else(|| panic!("{who}: nothing received before the close"));
         assert_eq!(
             (last.kind, last.payload.as_slice()),
             (0xff, &[code][..]),
             "{who}: expected error code {code:#04x} last, got {:?}",
-            msgs.iter().map(|m| (m.kind, m.payload.len())).collect::<Vec<_>>()
+            msgs.iter()
+                .map(|m| (m.kind, m.payload.len()))
+                .collect::<Vec<_>>()
         );
         for m in &msgs[..msgs.len() - 1] {
-            assert_eq!((m.kind, m.payload.len()), (0x10, PACKET_BYTES), "{who}: before the error");
+            assert_eq!(
+                (m.kind, m.payload.len()),
+                (0x10, PACKET_BYTES),
+                "{who}: before the error"
+            );
         }
-        println!("{who}: {} audio packets, then 0xff {code:#04x} and the close", msgs.len() - 1);
+        println!(
+            "{who}: {} audio packets, then 0xff {code:#04x} and the close",
+            msgs.len() - 1
+        );
     }
     let msgs = healthy.join().unwrap();
     check_healthy("concurrent healthy call", &msgs, 100);
-    let line = daemon.wait_for_log(&["audiosocket call end", "-000000000002"], Duration::from_secs(10));
-    assert!(line.contains("reason=client_closed") && line.contains("error_code=-"), "{line}");
+    let line = daemon.wait_for_log(
+        &["audiosocket call end", "-000000000002"],
+        Duration::from_secs(10),
+    );
+    assert!(
+        line.contains("reason=client_closed") && line.contains("error_code=-"),
+        "{line}"
+    );
     for code in ["0x01", "0x02", "0x03", "0x04"] {
         daemon.wait_for_log(
-            &["audiosocket call end", "reason=protocol_error", &format!("error_code={code}")],
+            &[
+                "audiosocket call end",
+                "reason=protocol_error",
+                &format!("error_code={code}"),
+            ],
             Duration::from_secs(10),
         );
     }

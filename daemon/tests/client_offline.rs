@@ -137,7 +137,8 @@ fn serve_one(listener: TcpListener, behaviour: Behaviour) -> ServerLog {
             // answered, so the session's record, then a close.
             Ok(Message::Binary(data)) if echo && data[..] == [0x03, 0x01] => {
                 let record = br#"{"session":{"end_reason":{"kind":"input_finished"}}}"#;
-                ws.send(binary(&[&[0x04][..], &record[..]].concat())).unwrap();
+                ws.send(binary(&[&[0x04][..], &record[..]].concat()))
+                    .unwrap();
                 let _ = ws.close(None);
                 while ws.read().is_ok() {}
                 return log;

@@ -347,8 +347,8 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
         &["--max-slots", "4"],
         &agent_cfg(B_GRACE_MS),
     );
-    assert_eq!(agent_line(&a), "up 100%");
-    assert_eq!(agent_line(&b), "up 100%");
+    assert_eq!(agent_line(&a), "up ready 100%");
+    assert_eq!(agent_line(&b), "up ready 100%");
 
     let front: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let cfg_path = dir.path().join("haproxy.cfg");
@@ -418,7 +418,7 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
         assert!(Instant::now() < deadline, "sessions did not end");
         thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(agent_line(&a), "up 100%");
+    assert_eq!(agent_line(&a), "up ready 100%");
     stats.wait_status("gpu0", "UP", Duration::from_secs(10), &haproxy);
 
     // Phase 2: B drains (SIGTERM with a direct session open).

@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
         ModelInfo {
             conditioners: vec![("description".into(), vec!["very_good".into(), "very_bad".into()])],
             is_hibiki: true,
+            ..ModelInfo::default()
         },
     ];
     for model in &models {

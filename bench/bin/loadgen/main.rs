@@ -128,8 +128,13 @@ struct Args {
     #[arg(long, default_value_t = 20.0)]
     floor_seconds: f64,
     /// Seconds of the daemon's idle CPU measurement before the ramp.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 5.0)]
     idle_seconds: f64,
+    /// Scheduling priority (nice, -20..19) for the load generator, its
+    /// session's autogroup and a spawned daemon: on a machine shared with
+    /// other work, e.g. -10 lets them have the CPU first (0: unchanged).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    nice: i32,
     /// Seconds a caller waits to connect and get its handshake.
     #[arg(long, default_value_t = 10.0)]
     connect_timeout: f64,
@@ -187,7 +192,26 @@ fn run(args: Args) -> Result<()> {
         bail!("--step-seconds must be at least 0.5");
     }
     let frames = (args.step_seconds * 1000.0 / moshid::FRAME_MS).ceil() as usize;
+    let autogroup_nice = if args.nice != 0 {
+        sys::favour_self(args.nice).context("--nice (needs CAP_SYS_NICE for < 0)")?
+    } else {
+        None
+    };
+    let result = measure(&args, criteria, plan, ramping, frames, started, machine);
+    sys::restore_autogroup(autogroup_nice);
+    result
+}
 
+/// Everything after the setup of `run`: floor, daemon, steps, outputs.
+fn measure(
+    args: &Args,
+    criteria: Criteria,
+    plan: Vec<usize>,
+    ramping: bool,
+    frames: usize,
+    started: SystemTime,
+    machine: sys::Machine,
+) -> Result<()> {
     // Audio, encoded once; then the floor, before the daemon exists.
     let (pcm, audio_name) = match &args.wav {
         Some(path) => (
@@ -225,6 +249,9 @@ fn run(args: Args) -> Result<()> {
                 secs(args.spawn_timeout, "--spawn-timeout")?,
             )?;
             eprintln!("daemon pid {} listening on {}", s.pid(), s.addr);
+            if args.nice != 0 {
+                sys::favour_process(s.pid(), args.nice).context("--nice on the daemon")?;
+            }
             Some(s)
         }
         None => None,
@@ -337,6 +364,7 @@ fn run(args: Args) -> Result<()> {
             seed: args.seed,
             audio: audio_name,
             model_delay_frames: args.model_delay_frames,
+            nice: args.nice,
             latency_definition: "arrival of the answer released by frame i's step (answer j <-> \
                 the (j + model_delay)-th frame sent, counted in 1920-sample units of decoded audio) \
                 minus the moment frame i's last sample was captured; callers start at seeded \
@@ -346,9 +374,9 @@ fn run(args: Args) -> Result<()> {
         opus_floor: floor,
         daemon_idle_cpu_ms_per_s: idle_ms_per_s,
         steps,
+        loadavg_1m_at_end: sys::loadavg_1m(),
         largest_streams_held: held.filter(|h| broke.is_none_or(|b| *h < b)),
         first_streams_broken: broke,
-        timeline: polls.iter().map(report::TimelinePoint::from).collect(),
     };
     let written = report::write(&out_dir, &report, &polls)?;
     print_summary(&report);
@@ -399,6 +427,7 @@ fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
     let before = EngineCounters::read(ctx.addr).unwrap_or_default();
     let self_pid = std::process::id();
     let cpu0 = ctx.pid.and_then(sys::process_cpu_ms);
+    let threads0 = ctx.pid.map(sys::threads_cpu_ms).unwrap_or_default();
     let self0 = sys::process_cpu_ms(self_pid);
     let machine0 = sys::machine_cpu_ms();
     let t0 = Instant::now() + Duration::from_millis(20);
@@ -410,21 +439,29 @@ fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
         .map(|h| h.join().expect("caller thread panicked"))
         .collect();
     let cpu1 = ctx.pid.and_then(sys::process_cpu_ms);
+    let threads1 = ctx.pid.map(sys::threads_cpu_ms).unwrap_or_default();
     let self1 = sys::process_cpu_ms(self_pid);
     let machine1 = sys::machine_cpu_ms();
     let window_s = t0.elapsed().as_secs_f64();
     ctx.gauge.store(0, Ordering::Relaxed);
     let after = EngineCounters::read(ctx.addr).unwrap_or_default();
-    let step = summarize_step(
-        ctx,
-        n,
-        &outcomes,
-        before,
-        after,
-        window_s,
-        (cpu0, cpu1),
-        (self0, self1),
-    );
+    let cpu = CpuSamples {
+        daemon: (cpu0, cpu1),
+        loadgen: (self0, self1),
+        machine_busy: (machine0.map(|m| m.0), machine1.map(|m| m.0)),
+    };
+    let mut step = summarize_step(ctx, n, &outcomes, before, after, window_s, cpu);
+    step.daemon_thread_cores = threads1
+        .iter()
+        .map(|(name, ms)| {
+            let used = ms - threads0.get(name).copied().unwrap_or(0.0);
+            (
+                name.clone(),
+                (used / 1000.0 / window_s * 1000.0).round() / 1000.0,
+            )
+        })
+        .filter(|(_, cores)| *cores > 0.0)
+        .collect();
     eprintln!("{}", step_line(&step));
     Ok(step)
 }
@@ -532,6 +569,7 @@ fn summarize_step(
         other_cores: machine_busy_cores
             .map(|busy| busy - cores(daemon_cpu_ms).unwrap_or(0.0) - loadgen_cores.unwrap_or(0.0)),
         loadavg_1m: sys::loadavg_1m(),
+        daemon_thread_cores: Default::default(),
         engine_before: before,
         engine_after: after,
         engine_steps,

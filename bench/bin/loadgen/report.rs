@@ -1,8 +1,10 @@
 //! The load generator's outputs: the JSON report and its SVG figures.
 //!
 //! - `report.json`: the whole run ([`Report`]): machine, configuration, the
-//!   bare-Opus floor, one [`StepReport`] per number of streams tried, the
-//!   verdict (largest N that held) and the engine timeline.
+//!   bare-Opus floor, one [`StepReport`] per number of streams tried and the
+//!   verdict (largest N that held).
+//! - `timeline.csv`: every poll of `/capacity` (time, the step's N, active
+//!   sessions, mean batch since the previous poll, engine counters).
 //! - `latency_vs_streams.svg`: p50 / p90 / p99 / max added latency per N,
 //!   with the budget.
 //! - `cpu_per_stream.svg`: the daemon's CPU per stream-second per N (gross,
@@ -88,6 +90,9 @@ pub struct StepReport {
     pub other_cores: Option<f64>,
     /// 1-minute load average at the end of the step.
     pub loadavg_1m: f64,
+    /// The daemon's CPU per thread name over the window, in cores: which
+    /// thread (engine, I/O core) runs out first.
+    pub daemon_thread_cores: std::collections::BTreeMap<String, f64>,
     /// `/capacity` before and after the step.
     pub engine_before: EngineCounters,
     pub engine_after: EngineCounters,
@@ -102,34 +107,6 @@ pub struct StepReport {
     pub held: bool,
     /// The criteria it broke.
     pub broke: Vec<String>,
-}
-
-/// One poll of the engine, as kept in the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct TimelinePoint {
-    pub t_s: f64,
-    pub streams: usize,
-    pub active_sessions: u64,
-    pub mean_batch: f64,
-    pub steps: u64,
-    pub max_batch: u64,
-    pub late_ticks: u64,
-    pub dropped_frames: u64,
-}
-
-impl From<&PollSample> for TimelinePoint {
-    fn from(p: &PollSample) -> Self {
-        TimelinePoint {
-            t_s: (p.t_s * 100.0).round() / 100.0,
-            streams: p.streams,
-            active_sessions: p.counters.active_sessions,
-            mean_batch: (p.mean_batch * 100.0).round() / 100.0,
-            steps: p.counters.steps,
-            max_batch: p.counters.max_batch,
-            late_ticks: p.counters.late_ticks,
-            dropped_frames: p.counters.dropped_frames,
-        }
-    }
 }
 
 /// How the run was set up.
@@ -148,6 +125,8 @@ pub struct RunConfig {
     pub seed: u64,
     pub audio: String,
     pub model_delay_frames: usize,
+    /// Scheduling priority given to the load generator and the daemon.
+    pub nice: i32,
     pub latency_definition: String,
 }
 
@@ -162,11 +141,12 @@ pub struct Report {
     /// The daemon's CPU while idle before the ramp, ms per second.
     pub daemon_idle_cpu_ms_per_s: Option<f64>,
     pub steps: Vec<StepReport>,
+    /// 1-minute load average when the run ended.
+    pub loadavg_1m_at_end: f64,
     /// Largest N that held (and every smaller N tried held too).
     pub largest_streams_held: Option<usize>,
     /// Smallest N that broke a criterion.
     pub first_streams_broken: Option<usize>,
-    pub timeline: Vec<TimelinePoint>,
 }
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
@@ -180,8 +160,10 @@ const SERIES: [RGBColor; 4] = [
     RGBColor(100, 100, 100),
 ];
 
-/// Draws `series` (name, points) as lines with dots, and horizontal
-/// reference lines (name, y) dashed-looking in grey tones.
+const REFERENCES: [RGBColor; 2] = [RGBColor(0, 0, 0), RGBColor(255, 127, 14)];
+
+/// Draws `series` (name, points) as lines (with dots if `dots`), and
+/// horizontal reference lines (name, y) in black and orange.
 fn line_chart(
     path: &Path,
     title: &str,
@@ -234,7 +216,7 @@ fn line_chart(
         }
     }
     for (i, (name, y)) in references.iter().enumerate() {
-        let color = RGBColor(120 + 40 * i as u8, 120, 120 + 40 * i as u8);
+        let color = REFERENCES[i % REFERENCES.len()];
         chart
             .draw_series(LineSeries::new(
                 [(0.0, *y), (x_max * 1.05, *y)],
@@ -242,7 +224,9 @@ fn line_chart(
             ))
             .map_err(err)?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -262,6 +246,29 @@ pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<St
     let json = dir.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")?;
     written.push(json.display().to_string());
+
+    let csv = dir.join("timeline.csv");
+    let mut text = String::from(
+        "t_s,streams,active_sessions,mean_batch,steps,frames_stepped,max_batch,late_ticks,dropped_frames,predicted_step_ms\n",
+    );
+    for p in polls {
+        let c = &p.counters;
+        text.push_str(&format!(
+            "{:.2},{},{},{:.2},{},{},{},{},{},{:.2}\n",
+            p.t_s,
+            p.streams,
+            c.active_sessions,
+            p.mean_batch,
+            c.steps,
+            c.frames_stepped,
+            c.max_batch,
+            c.late_ticks,
+            c.dropped_frames,
+            c.predicted_step_ms
+        ));
+    }
+    std::fs::write(&csv, text)?;
+    written.push(csv.display().to_string());
 
     let steps = &report.steps;
     let pick = |f: fn(&Summary) -> f64| -> Vec<(f64, f64)> {

@@ -19,6 +19,28 @@ pub fn process_cpu_ms(pid: u32) -> Option<f64> {
     parse_stat_cpu_ms(&stat)
 }
 
+/// CPU time of each thread of process `pid` so far, in milliseconds, summed
+/// by thread name (`comm`); threads that have exited are not included.
+pub fn threads_cpu_ms(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let name = match (stat.find('('), stat.rfind(')')) {
+            (Some(a), Some(b)) if a < b => stat[a + 1..b].to_string(),
+            _ => continue,
+        };
+        if let Some(ms) = parse_stat_cpu_ms(&stat) {
+            *by_name.entry(name).or_insert(0.0) += ms;
+        }
+    }
+    by_name
+}
+
 /// utime + stime of a /proc/PID/stat line, in milliseconds.
 fn parse_stat_cpu_ms(stat: &str) -> Option<f64> {
     // The command name (field 2) is in parentheses and may hold spaces.
@@ -106,6 +128,55 @@ fn parse_machine_cpu_ms(line: &str) -> Option<(f64, f64)> {
     let idle = ticks.get(3)? + ticks.get(4)?;
     let ms = |t: u64| t as f64 * 1000.0 / USER_HZ;
     Some((ms(total - idle), ms(total)))
+}
+
+/// Gives the calling thread (and the threads it starts later) and the
+/// current autogroup the scheduling priority `nice` (negative = favoured).
+/// With `kernel.sched_autogroup_enabled`, CPU is first shared between
+/// sessions (autogroups) and only then by nice within one, so the
+/// autogroup's nice is what counts against other users' builds; the
+/// autogroup is this session's only (a spawned daemon inherits it).
+/// Returns the autogroup's previous nice, to give back with
+/// [`restore_autogroup`] (the autogroup outlives this process).
+pub fn favour_self(nice: i32) -> std::io::Result<Option<i32>> {
+    let previous = fs::read_to_string("/proc/self/autogroup")
+        .ok()
+        .and_then(|s| s.split_whitespace().last()?.parse().ok());
+    if previous.is_some() {
+        fs::write("/proc/self/autogroup", nice.to_string())?;
+    }
+    set_nice(0, nice)?;
+    Ok(previous)
+}
+
+/// Gives the autogroup back the nice [`favour_self`] found.
+pub fn restore_autogroup(previous: Option<i32>) {
+    if let Some(nice) = previous {
+        let _ = fs::write("/proc/self/autogroup", nice.to_string());
+    }
+}
+
+/// Gives every thread of process `pid` the scheduling priority `nice`.
+pub fn favour_process(pid: u32, nice: i32) -> std::io::Result<usize> {
+    let mut count = 0;
+    for task in fs::read_dir(format!("/proc/{pid}/task"))? {
+        if let Some(tid) = task?.file_name().to_str().and_then(|t| t.parse().ok()) {
+            set_nice(tid, nice)?;
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// `setpriority(PRIO_PROCESS, tid, nice)`: on Linux, one thread (0: the caller).
+fn set_nice(tid: u32, nice: i32) -> std::io::Result<()> {
+    // SAFETY: plain system call on integers.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The 1-minute load average.

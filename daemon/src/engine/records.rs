@@ -21,6 +21,9 @@ pub enum ToEngineKind {
     Frame,
     /// The session ended: free the slot.
     Close,
+    /// The session's input is over: the next step of the slot feeds the
+    /// model's end-of-stream input instead of audio (Hibiki's drain).
+    EndOfInput,
 }
 
 /// A record from an I/O core to the engine.

@@ -52,6 +52,8 @@ pub struct Engine {
     slots: Vec<EngineSlot>,
     /// Queued input frames: `max_slots × queue_depth × FRAME_SAMPLES`.
     queue: Vec<f32>,
+    /// Which queued entries are end-of-input markers, `max_slots × queue_depth`.
+    queue_end_of_input: Vec<bool>,
     queue_depth: usize,
     /// Push stamp of each queued frame (`max_slots × queue_depth`; `None`
     /// when metrics were off at push).
@@ -88,6 +90,7 @@ impl Engine {
             shared,
             slots: vec![EngineSlot::default(); max_slots],
             queue: vec![0.0; max_slots * queue_depth * FRAME_SAMPLES],
+            queue_end_of_input: vec![false; max_slots * queue_depth],
             queue_depth,
             queue_stamps: vec![None; max_slots * queue_depth],
             stages,
@@ -195,11 +198,12 @@ impl Engine {
                     slots,
                     queue,
                     queue_stamps,
+                    queue_end_of_input,
                     ..
                 } = self;
                 let popped = links[core].from_core.pop_with(|rec: &ToEngine| {
                     rec_kind = Some((rec.kind, rec.slot, rec.generation));
-                    if rec.kind == ToEngineKind::Frame {
+                    if matches!(rec.kind, ToEngineKind::Frame | ToEngineKind::EndOfInput) {
                         let s = rec.slot as usize;
                         if let Some(slot) = slots.get_mut(s) {
                             if slot.open
@@ -210,6 +214,8 @@ impl Engine {
                                 let at = (s * queue_depth + idx) * FRAME_SAMPLES;
                                 queue[at..at + FRAME_SAMPLES].copy_from_slice(&rec.pcm);
                                 queue_stamps[s * queue_depth + idx] = rec.pushed_at;
+                                queue_end_of_input[s * queue_depth + idx] =
+                                    rec.kind == ToEngineKind::EndOfInput;
                                 slot.queue_len += 1;
                                 return true;
                             }
@@ -224,10 +230,10 @@ impl Engine {
                 match kind {
                     ToEngineKind::Open => self.open_slot(core, slot, generation),
                     ToEngineKind::Close => self.close_slot(slot, generation),
-                    ToEngineKind::Frame if !queued => {
+                    ToEngineKind::Frame | ToEngineKind::EndOfInput if !queued => {
                         self.reject_frame(core, slot, generation, metrics_on)
                     }
-                    ToEngineKind::Frame => {}
+                    ToEngineKind::Frame | ToEngineKind::EndOfInput => {}
                 }
             }
         }
@@ -311,6 +317,8 @@ impl Engine {
                 let at = (s * self.queue_depth + st.queue_head) * FRAME_SAMPLES;
                 self.batch.input_pcm[s * FRAME_SAMPLES..(s + 1) * FRAME_SAMPLES]
                     .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
+                self.batch.end_of_input[s] =
+                    self.queue_end_of_input[s * self.queue_depth + st.queue_head];
                 if let Some(taken) = fill_start {
                     if let Some(pushed) = self.queue_stamps[s * self.queue_depth + st.queue_head] {
                         self.stages

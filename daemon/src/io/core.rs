@@ -152,6 +152,18 @@ impl CoreContext {
         self.send_frame_at(ticket, pcm, self.engine.metrics.stamp())
     }
 
+    /// Tells the engine the session's input is over (its next step feeds the
+    /// model's end-of-stream input).
+    pub fn send_end_of_input(&self, ticket: Ticket) -> Result<(), PushError> {
+        self.push(
+            ToEngineKind::EndOfInput,
+            ticket.slot,
+            ticket.generation,
+            None,
+            None,
+        )
+    }
+
     /// Sends one input frame with its push stamp: `Some(now)` while stage
     /// metrics are on (the engine turns it into a `frame_wait` sample and
     /// the frame is counted here), `None` when off (nothing recorded).

@@ -17,6 +17,9 @@ pub struct ModelInfo {
     pub conditioners: Vec<(String, Vec<String>)>,
     /// Whether the model is Hibiki-shaped (translation).
     pub is_hibiki: bool,
+    /// For models that must be drained at the end of input (Hibiki): the
+    /// text token that ends the stream.
+    pub drain_text_eos: Option<u32>,
 }
 
 /// A parameter the session cannot use.
@@ -174,6 +177,7 @@ mod tests {
                 vec!["very_good".into(), "very_bad".into()],
             )],
             is_hibiki: true,
+            drain_text_eos: Some(2),
         }
     }
 

@@ -156,7 +156,7 @@ impl CodecSpec {
     pub fn check_ptime(&self, ptime_ms: u32) -> Result<(), CodecError> {
         let ok = match self.kind {
             CodecKind::Opus => matches!(ptime_ms, 10 | 20 | 40 | 60),
-            _ => (10..=60).contains(&ptime_ms) && ptime_ms % 10 == 0,
+            _ => (10..=60).contains(&ptime_ms) && ptime_ms.is_multiple_of(10),
         };
         if ok {
             Ok(())
@@ -185,7 +185,10 @@ impl CodecSpec {
     pub fn payload_duration_rtp(&self, payload: &[u8]) -> Option<u32> {
         match self.kind {
             CodecKind::Pcmu | CodecKind::Pcma => Some(payload.len() as u32),
-            CodecKind::L16 => (payload.len() % 2 == 0).then_some(payload.len() as u32 / 2),
+            CodecKind::L16 => payload
+                .len()
+                .is_multiple_of(2)
+                .then_some(payload.len() as u32 / 2),
             CodecKind::Opus => {
                 if payload.is_empty() {
                     return None;
@@ -241,7 +244,7 @@ impl MediaDecoder {
                 Ok(n)
             }
             CodecKind::L16 => {
-                if payload.len() % 2 != 0 {
+                if !payload.len().is_multiple_of(2) {
                     return Err(CodecError::Malformed("L16 payload of an odd length"));
                 }
                 Ok(l16::decode(payload, out))

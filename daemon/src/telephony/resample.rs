@@ -45,7 +45,7 @@ impl FrameResampler {
             to_hz,
             why,
         };
-        if frame_ms == 0 || frame_ms % CHUNK_MS != 0 {
+        if frame_ms == 0 || !frame_ms.is_multiple_of(CHUNK_MS) {
             return Err(err(format!(
                 "frame of {frame_ms} ms is not a multiple of {CHUNK_MS} ms"
             )));

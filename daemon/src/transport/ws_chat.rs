@@ -120,6 +120,17 @@ struct ChatSession<S> {
     buf: Buffers,
     rec: SessionRecord,
     in_flight: usize,
+    /// Set once the client's input is over and the model is being drained
+    /// (Hibiki): the text token that ends the stream has been seen.
+    drain: Option<Drain>,
+}
+
+/// The state of a Hibiki drain after the end of input.
+struct Drain {
+    /// The text token that ends the stream.
+    text_eos: u32,
+    /// Whether it was generated.
+    done: bool,
 }
 
 /// Runs one `/api/chat` session to its end and returns its record.
@@ -192,6 +203,7 @@ where
         buf: buffers,
         rec,
         in_flight: 0,
+        drain: None,
     };
     let reason = s.serve().await;
     s.finish(reason).await
@@ -298,9 +310,71 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         }
     }
 
-    /// The client's input is over: wait for the answers to every frame in
-    /// flight, send them, and end normally.
+    /// Waits until a frame may be sent without exceeding the in-flight bound,
+    /// sending what the engine answers meanwhile.
+    async fn wait_for_room(&mut self) -> Option<EndReason> {
+        while self.in_flight >= self.app.shared.config.session.max_frames_in_flight {
+            if glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
+                self.mailbox.ready().await;
+                Ok(())
+            })
+            .await
+            .is_err()
+            {
+                return Some(EndReason::EngineStalled);
+            }
+            if self.mailbox.shutdown_requested() {
+                return Some(EndReason::ServerShutdown);
+            }
+            if let Some(reason) = self.pump_outputs().await {
+                return Some(reason);
+            }
+        }
+        None
+    }
+
+    /// Hibiki's end of a stream, as the official inference does it: one
+    /// end-of-stream input frame, then silence, until the model emits its
+    /// end-of-text token or `session.drain_max_frames` frames have gone.
+    async fn drain_model(&mut self, text_eos: u32) -> Option<EndReason> {
+        self.drain = Some(Drain {
+            text_eos,
+            done: false,
+        });
+        if let Some(reason) = self.wait_for_room().await {
+            return Some(reason);
+        }
+        if self.app.ctx.send_end_of_input(self.ticket).is_ok() {
+            self.in_flight += 1;
+        }
+        self.buf.frame.fill(0.0);
+        let max_frames = self.app.shared.config.session.drain_max_frames;
+        for _ in 0..max_frames {
+            if self.drain.as_ref().is_some_and(|d| d.done) {
+                break;
+            }
+            if let Some(reason) = self.wait_for_room().await {
+                return Some(reason);
+            }
+            if self.drain.as_ref().is_some_and(|d| d.done) {
+                break;
+            }
+            match self.app.ctx.send_frame(self.ticket, &self.buf.frame) {
+                Ok(()) => self.in_flight += 1,
+                Err(_) => self.rec.frames_dropped += 1,
+            }
+        }
+        None
+    }
+
+    /// The client's input is over: drain the model where it needs it, wait
+    /// for the answers to every frame in flight, send them, and end normally.
     async fn finish_input(&mut self) -> EndReason {
+        if let Some(text_eos) = self.app.shared.model_info.drain_text_eos {
+            if let Some(reason) = self.drain_model(text_eos).await {
+                return reason;
+            }
+        }
         while self.in_flight > 0 {
             if glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
                 self.mailbox.ready().await;
@@ -360,19 +434,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
             }
             while self.buf.cutter.pop_frame(&mut self.buf.frame) {
                 // Frames beyond the in-flight bound wait here for answers.
-                while self.in_flight >= self.app.shared.config.session.max_frames_in_flight {
-                    if glommio::timer::timeout(ENGINE_ANSWER_TIMEOUT, async {
-                        self.mailbox.ready().await;
-                        Ok(())
-                    })
-                    .await
-                    .is_err()
-                    {
-                        return Some(EndReason::EngineStalled);
-                    }
-                    if let Some(reason) = self.pump_outputs().await {
-                        return Some(reason);
-                    }
+                if let Some(reason) = self.wait_for_room().await {
+                    return Some(reason);
                 }
                 let pushed_at = metrics_on.then(Instant::now);
                 match self
@@ -433,6 +496,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                         return Some(EndReason::SendFailed(e.to_string()));
                     }
                     let token = self.buf.record.text_token;
+                    if let Some(d) = self.drain.as_mut() {
+                        d.done |= token == d.text_eos;
+                    }
                     if let Some(text) = self.app.shared.pieces.text_for_token(token) {
                         let mut msg = Vec::with_capacity(1 + text.len());
                         msg.push(kind::TEXT);

@@ -40,7 +40,10 @@ impl Daemon {
     /// <config_json>` and waits for its listening lines.
     pub fn start(config_json: &str) -> Daemon {
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = tempfile::Builder::new().prefix("moshid-telephony-").tempdir_in(tmp).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("moshid-telephony-")
+            .tempdir_in(tmp)
+            .unwrap();
         let config = dir.path().join("config.json");
         std::fs::write(&config, config_json).unwrap();
         let stderr_path = dir.path().join("stderr.log");
@@ -73,7 +76,9 @@ impl Daemon {
         loop {
             let line = rx
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .unwrap_or_else(|_| panic!("moshid did not start; stderr:\n{}", daemon.stderr_tail()));
+                .unwrap_or_else(|_| {
+                    panic!("moshid did not start; stderr:\n{}", daemon.stderr_tail())
+                });
             let line = line.trim();
             if let Some(a) = line.strip_prefix("audiosocket listening on ") {
                 daemon.audiosocket = Some(a.parse().unwrap());
@@ -103,7 +108,11 @@ impl Daemon {
     pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(line) = self.stderr().lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+            if let Some(line) = self
+                .stderr()
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
                 return line.to_string();
             }
             assert!(
@@ -129,7 +138,9 @@ impl Drop for Daemon {
 /// `n` samples of a 440 Hz tone at `rate`, 16-bit.
 pub fn tone(rate: u32, start: usize, n: usize) -> Vec<i16> {
     (start..start + n)
-        .map(|i| ((2.0 * std::f32::consts::PI * 440.0 * i as f32 / rate as f32).sin() * 8000.0) as i16)
+        .map(|i| {
+            ((2.0 * std::f32::consts::PI * 440.0 * i as f32 / rate as f32).sin() * 8000.0) as i16
+        })
         .collect()
 }
 
@@ -139,7 +150,10 @@ pub fn print_gaps(what: &str, arrivals: &[Instant]) {
         println!("{what}: {} packets, no gaps to measure", arrivals.len());
         return;
     }
-    let mut gaps: Vec<f64> = arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1000.0).collect();
+    let mut gaps: Vec<f64> = arrivals
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1000.0)
+        .collect();
     let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
     gaps.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| gaps[((gaps.len() - 1) as f64 * p).round() as usize];

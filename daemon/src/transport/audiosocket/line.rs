@@ -156,9 +156,10 @@ impl LineIn {
             if self.filled + n == self.acc.len() && budget == 0 {
                 break;
             }
-            let got = self
-                .codec
-                .decode(&bytes[taken..taken + n * bps], &mut self.acc[self.filled..self.filled + n]);
+            let got = self.codec.decode(
+                &bytes[taken..taken + n * bps],
+                &mut self.acc[self.filled..self.filled + n],
+            );
             debug_assert_eq!(got, n);
             self.filled += n;
             taken += n * bps;
@@ -203,7 +204,11 @@ pub struct LineOut {
 impl LineOut {
     /// A queue of `capacity_packets` (at least one frame's worth) for a line
     /// at `rate_hz`.
-    pub fn new(codec: LineCodec, rate_hz: u32, capacity_packets: usize) -> Result<Self, ResampleError> {
+    pub fn new(
+        codec: LineCodec,
+        rate_hz: u32,
+        capacity_packets: usize,
+    ) -> Result<Self, ResampleError> {
         let resampler = FrameResampler::new(SAMPLE_RATE_HZ, rate_hz, FRAME_MS as u32)?;
         let packet_samples = samples(rate_hz, PACKET_MS);
         let packet_bytes = packet_samples * codec.bytes_per_sample();
@@ -271,7 +276,8 @@ impl LineOut {
 
     /// The oldest packet, if any.
     pub fn front(&self) -> Option<&[u8]> {
-        (self.len > 0).then(|| &self.ring[self.head * self.packet_bytes..(self.head + 1) * self.packet_bytes])
+        (self.len > 0)
+            .then(|| &self.ring[self.head * self.packet_bytes..(self.head + 1) * self.packet_bytes])
     }
 
     /// Removes the oldest packet (once sent).
@@ -386,7 +392,9 @@ mod tests {
     /// Every AudioSocket rate and G.711 build, with the right sizes.
     #[test]
     fn sizes_for_every_line_rate() {
-        for rate in [8_000, 12_000, 16_000, 24_000, 32_000, 44_100, 48_000, 96_000, 192_000] {
+        for rate in [
+            8_000, 12_000, 16_000, 24_000, 32_000, 44_100, 48_000, 96_000, 192_000,
+        ] {
             let li = LineIn::new(LineCodec::SlinLe, rate).unwrap();
             assert_eq!(li.frame_samples(), rate as usize * 80 / 1000);
             let lo = LineOut::new(LineCodec::SlinLe, rate, 8).unwrap();

@@ -76,7 +76,9 @@ impl EngineLink {
     pub fn budget(&self, out: Option<&LineOut>) -> usize {
         let by_bound = self.max_in_flight.saturating_sub(self.in_flight);
         let by_room = match out {
-            Some(out) => ((out.capacity() - out.len()) / PACKETS_PER_FRAME).saturating_sub(self.in_flight),
+            Some(out) => {
+                ((out.capacity() - out.len()) / PACKETS_PER_FRAME).saturating_sub(self.in_flight)
+            }
             None => by_bound,
         };
         by_bound.min(by_room)
@@ -102,7 +104,11 @@ impl EngineLink {
     /// Takes every answer waiting: audio goes to `out` (when the line is
     /// set up; before, there is none to answer). Returns how many answers
     /// were taken, or the end of the session on a model fault.
-    pub fn pump(&mut self, mut out: Option<&mut LineOut>, rec: &mut SessionRecord) -> Result<usize, EndReason> {
+    pub fn pump(
+        &mut self,
+        mut out: Option<&mut LineOut>,
+        rec: &mut SessionRecord,
+    ) -> Result<usize, EndReason> {
         let mut n = 0;
         while self.mailbox.take(&mut self.record) {
             n += 1;

@@ -52,7 +52,12 @@ pub fn peer_allowed(allowed: &[IpAddr], ip: IpAddr) -> bool {
 /// parameter stops the daemon instead of failing every call.
 pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
     let cfg = &shared.config;
-    let pairs: Vec<(String, String)> = cfg.audiosocket.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let pairs: Vec<(String, String)> = cfg
+        .audiosocket
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     crate::session::params::session_params(&pairs, &cfg.defaults, &shared.model_info)
         .map(|_| ())
         .map_err(|e| format!("config key `audiosocket.params`: {e}"))
@@ -67,7 +72,10 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let log_refusal = |why: &dyn std::fmt::Display, peer: IpAddr| {
         refused.set(refused.get() + 1);
         let now = Instant::now();
-        if last_log.get().is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD) {
+        if last_log
+            .get()
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD)
+        {
             last_log.set(Some(now));
             eprintln!(
                 "<4>core {}: closed an AudioSocket connection from {peer}: {why} ({} refused since start; logged at most every {} s)",
@@ -98,7 +106,10 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
             Ok(g) => g,
             Err(_) => {
                 drop(stream);
-                log_refusal(&"audiosocket.max_connections_per_core reached on this core", peer.ip());
+                log_refusal(
+                    &"audiosocket.max_connections_per_core reached on this core",
+                    peer.ip(),
+                );
                 continue;
             }
         };

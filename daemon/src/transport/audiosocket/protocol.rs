@@ -133,12 +133,16 @@ pub fn parse(buf: &[u8], max_payload: usize) -> Result<Option<(Frame<'_>, usize)
     }
     let kind = buf[0];
     let len = u16::from_be_bytes([buf[1], buf[2]]) as usize;
-    let known = matches!(kind, kind::HANGUP | kind::UUID | kind::DTMF | kind::ERROR) || audio_rate_hz(kind).is_some();
+    let known = matches!(kind, kind::HANGUP | kind::UUID | kind::DTMF | kind::ERROR)
+        || audio_rate_hz(kind).is_some();
     if !known {
         return refuse(error_code::UNKNOWN_KIND, "unknown message kind");
     }
     if len > max_payload {
-        return refuse(error_code::PAYLOAD_TOO_LARGE, "payload longer than audiosocket.max_payload_bytes");
+        return refuse(
+            error_code::PAYLOAD_TOO_LARGE,
+            "payload longer than audiosocket.max_payload_bytes",
+        );
     }
     if buf.len() < HEADER_BYTES + len {
         return Ok(None);
@@ -161,8 +165,11 @@ pub fn parse(buf: &[u8], max_payload: usize) -> Result<Option<(Frame<'_>, usize)
         }
         kind::ERROR => Frame::Error(payload.first().copied()),
         _ => {
-            if len == 0 || len % 2 != 0 {
-                return refuse(error_code::BAD_LENGTH, "audio must be a non-empty whole number of 16-bit samples");
+            if len == 0 || !len.is_multiple_of(2) {
+                return refuse(
+                    error_code::BAD_LENGTH,
+                    "audio must be a non-empty whole number of 16-bit samples",
+                );
             }
             Frame::Audio {
                 kind,
@@ -207,7 +214,10 @@ mod tests {
     #[test]
     fn kind_table() {
         let rates: Vec<_> = (0x10..=0x18).map(|k| audio_rate_hz(k).unwrap()).collect();
-        assert_eq!(rates, [8_000, 12_000, 16_000, 24_000, 32_000, 44_100, 48_000, 96_000, 192_000]);
+        assert_eq!(
+            rates,
+            [8_000, 12_000, 16_000, 24_000, 32_000, 44_100, 48_000, 96_000, 192_000]
+        );
         assert_eq!(audio_rate_hz(0x19), None);
         assert_eq!(audio_rate_hz(0x03), None);
     }
@@ -215,15 +225,40 @@ mod tests {
     #[test]
     fn parses_each_kind() {
         let id = [7u8; 16];
-        assert_eq!(parse(&msg(0x01, &id), 320).unwrap(), Some((Frame::Uuid(id), 19)));
-        assert_eq!(parse(&msg(0x00, &[]), 320).unwrap(), Some((Frame::Hangup, 3)));
-        assert_eq!(parse(&msg(0x03, b"#"), 320).unwrap(), Some((Frame::Dtmf(b'#'), 4)));
-        assert_eq!(parse(&msg(0xff, &[2]), 320).unwrap(), Some((Frame::Error(Some(2)), 4)));
-        assert_eq!(parse(&msg(0xff, &[]), 320).unwrap(), Some((Frame::Error(None), 3)));
+        assert_eq!(
+            parse(&msg(0x01, &id), 320).unwrap(),
+            Some((Frame::Uuid(id), 19))
+        );
+        assert_eq!(
+            parse(&msg(0x00, &[]), 320).unwrap(),
+            Some((Frame::Hangup, 3))
+        );
+        assert_eq!(
+            parse(&msg(0x03, b"#"), 320).unwrap(),
+            Some((Frame::Dtmf(b'#'), 4))
+        );
+        assert_eq!(
+            parse(&msg(0xff, &[2]), 320).unwrap(),
+            Some((Frame::Error(Some(2)), 4))
+        );
+        assert_eq!(
+            parse(&msg(0xff, &[]), 320).unwrap(),
+            Some((Frame::Error(None), 3))
+        );
         let audio = msg(0x12, &[0; 640]);
         match parse(&audio, 640).unwrap() {
-            Some((Frame::Audio { kind, rate_hz, payload }, used)) => {
-                assert_eq!((kind, rate_hz, payload.len(), used), (0x12, 16_000, 640, 643));
+            Some((
+                Frame::Audio {
+                    kind,
+                    rate_hz,
+                    payload,
+                },
+                used,
+            )) => {
+                assert_eq!(
+                    (kind, rate_hz, payload.len(), used),
+                    (0x12, 16_000, 640, 643)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -252,7 +287,9 @@ mod tests {
 
     #[test]
     fn uuid_text_form() {
-        let id = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7];
+        let id = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7,
+        ];
         assert_eq!(uuid_text(&id), "12345678-9abc-def0-0001-020304050607");
     }
 }

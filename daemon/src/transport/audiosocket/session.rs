@@ -67,7 +67,10 @@ impl Io {
 
     /// Writes `tx[..n]`, bounded by the socket's write timeout.
     async fn write_tx(&mut self, n: usize) -> Result<(), EndReason> {
-        self.stream.write_all(&self.tx[..n]).await.map_err(classify_io)
+        self.stream
+            .write_all(&self.tx[..n])
+            .await
+            .map_err(classify_io)
     }
 }
 
@@ -138,7 +141,13 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
     };
 
     // The UUID comes first.
-    let uuid = match await_uuid(&mut io, Duration::from_millis(cfg.audiosocket.uuid_timeout_ms), max_payload).await {
+    let uuid = match await_uuid(
+        &mut io,
+        Duration::from_millis(cfg.audiosocket.uuid_timeout_ms),
+        max_payload,
+    )
+    .await
+    {
         Ok(Some(id)) => id,
         Ok(None) => {
             rec.end(EndReason::ClientClosed);
@@ -149,7 +158,12 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
             return finish_early(io, rec, code, peer).await;
         }
     };
-    let pairs: Vec<(String, String)> = cfg.audiosocket.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let pairs: Vec<(String, String)> = cfg
+        .audiosocket
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let params = match session_params(&pairs, &cfg.defaults, &shared.model_info) {
         Ok(p) => p,
         Err(e) => {
@@ -185,7 +199,11 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
 
 /// Reads until the first message: `Some(uuid)`, `None` when Asterisk hung
 /// up or closed first, or the end reason and the code to send.
-async fn await_uuid(io: &mut Io, timeout: Duration, max_payload: usize) -> Result<Option<[u8; 16]>, (EndReason, Option<u8>)> {
+async fn await_uuid(
+    io: &mut Io,
+    timeout: Duration,
+    max_payload: usize,
+) -> Result<Option<[u8; 16]>, (EndReason, Option<u8>)> {
     let deadline = Instant::now() + timeout;
     loop {
         match protocol::parse(&io.rx[io.start..io.end], max_payload) {
@@ -206,11 +224,15 @@ async fn await_uuid(io: &mut Io, timeout: Duration, max_payload: usize) -> Resul
         io.compact();
         let left = deadline.saturating_duration_since(Instant::now());
         let end = io.end;
-        let read = glommio::timer::timeout(left, async { Ok(io.stream.read(&mut io.rx[end..]).await) }).await;
+        let read =
+            glommio::timer::timeout(left, async { Ok(io.stream.read(&mut io.rx[end..]).await) })
+                .await;
         match read {
             Err(_) => {
                 return Err((
-                    EndReason::ProtocolError("no UUID message within audiosocket.uuid_timeout_ms".into()),
+                    EndReason::ProtocolError(
+                        "no UUID message within audiosocket.uuid_timeout_ms".into(),
+                    ),
                     Some(error_code::UUID_TIMEOUT),
                 ))
             }
@@ -227,7 +249,12 @@ fn protocol_error(e: FrameError) -> (EndReason, Option<u8>) {
 
 /// Ends a connection that never got a slot: the error message when there
 /// is one, the log line, a graceful close.
-async fn finish_early(mut io: Io, rec: SessionRecord, code: Option<u8>, peer: SocketAddr) -> SessionRecord {
+async fn finish_early(
+    mut io: Io,
+    rec: SessionRecord,
+    code: Option<u8>,
+    peer: SocketAddr,
+) -> SessionRecord {
     if let Some(code) = code {
         io.tx.clear();
         io.tx.extend_from_slice(&[kind::ERROR, 0, 1, code]);
@@ -257,7 +284,10 @@ impl Call {
         };
         loop {
             let now = Instant::now();
-            match self.link.pump(self.line.as_mut().map(|l| &mut l.output), &mut self.rec) {
+            match self
+                .link
+                .pump(self.line.as_mut().map(|l| &mut l.output), &mut self.rec)
+            {
                 Ok(0) => {}
                 Ok(_) => {
                     // Answers make room: blocked audio may go on.
@@ -299,7 +329,9 @@ impl Call {
                 self.io.compact();
             }
             let wake = {
-                let Io { stream, rx, end, .. } = &mut self.io;
+                let Io {
+                    stream, rx, end, ..
+                } = &mut self.io;
                 let timer = &mut self.timer;
                 let mailbox = &self.link.mailbox;
                 let read = async {
@@ -361,11 +393,19 @@ impl Call {
                 Frame::Dtmf(digit) => {
                     let i = self.stats.dtmf as usize;
                     if i < DTMF_LOG_DIGITS {
-                        self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() { digit } else { b'?' };
+                        self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
+                            digit
+                        } else {
+                            b'?'
+                        };
                     }
                     self.stats.dtmf += 1;
                 }
-                Frame::Audio { kind, rate_hz, payload } => {
+                Frame::Audio {
+                    kind,
+                    rate_hz,
+                    payload,
+                } => {
                     let line = match &mut self.line {
                         Some(line) if line.kind == kind => line,
                         Some(line) => {
@@ -376,14 +416,19 @@ impl Call {
                             )));
                         }
                         None => {
-                            let cap = (self.link.app.shared.config.session.max_frames_in_flight + 2) * PACKETS_PER_FRAME;
-                            let built = LineIn::new(LineCodec::SlinLe, rate_hz)
-                                .and_then(|input| Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?)));
+                            let cap = (self.link.app.shared.config.session.max_frames_in_flight
+                                + 2)
+                                * PACKETS_PER_FRAME;
+                            let built = LineIn::new(LineCodec::SlinLe, rate_hz).and_then(|input| {
+                                Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?))
+                            });
                             let (input, output) = match built {
                                 Ok(b) => b,
                                 Err(e) => {
                                     self.error_code = Some(error_code::INTERNAL);
-                                    return Err(EndReason::SendFailed(format!("audio path for {rate_hz} Hz: {e}")));
+                                    return Err(EndReason::SendFailed(format!(
+                                        "audio path for {rate_hz} Hz: {e}"
+                                    )));
                                 }
                             };
                             self.io.tx = vec![0; HEADER_BYTES + output.packet_bytes()];
@@ -400,7 +445,9 @@ impl Call {
                     let budget = self.link.budget(Some(&line.output));
                     let link = &mut self.link;
                     let rec = &mut self.rec;
-                    let taken = line.input.push(rest, budget, &mut self.frame, |f| link.send(f, rec));
+                    let taken = line
+                        .input
+                        .push(rest, budget, &mut self.frame, |f| link.send(f, rec));
                     if taken < rest.len() {
                         // Waits for answers; the rest of this message stays buffered.
                         self.audio_taken += taken;
@@ -430,7 +477,8 @@ impl Call {
                     line.output.pop();
                 }
                 None => {
-                    line.output.silence(&mut self.io.tx[HEADER_BYTES..HEADER_BYTES + n]);
+                    line.output
+                        .silence(&mut self.io.tx[HEADER_BYTES..HEADER_BYTES + n]);
                     self.stats.silence_out += 1;
                 }
             }
@@ -452,7 +500,10 @@ impl Call {
         let code = self.error_code.or(reason_code);
         self.rec.end(reason);
         let reason = self.rec.end_reason.clone().expect("set just above");
-        let peer_gone = matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer);
+        let peer_gone = matches!(
+            reason,
+            EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
+        );
         if !peer_gone || code.is_some() {
             let n = match code {
                 Some(code) => {
@@ -474,7 +525,11 @@ impl Call {
         self.rec.log();
         let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
         let (rate, kind) = self.line.as_ref().map_or((0, 0), |l| (l.rate_hz, l.kind));
-        let out = self.line.as_ref().map(|l| l.output.stats()).unwrap_or_default();
+        let out = self
+            .line
+            .as_ref()
+            .map(|l| l.output.stats())
+            .unwrap_or_default();
         eprintln!(
             "<6>audiosocket call end id={} peer={peer} uuid={} kind={kind:#04x} rate_hz={rate} audio_in={} packets_out={} silence_out={} skipped_out={} dropped_out={} dtmf={} digits={:?} peer_error={} reason={} error_code={}",
             self.rec.id,
@@ -504,9 +559,10 @@ fn classify_io(e: std::io::Error) -> EndReason {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::TimedOut => EndReason::SlowConsumer,
-        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof | ErrorKind::ConnectionAborted => {
-            EndReason::ClientClosed
-        }
+        ErrorKind::ConnectionReset
+        | ErrorKind::BrokenPipe
+        | ErrorKind::UnexpectedEof
+        | ErrorKind::ConnectionAborted => EndReason::ClientClosed,
         _ => EndReason::SendFailed(e.to_string()),
     }
 }

@@ -152,7 +152,10 @@ pub fn check_stream_sid(sid: &str) -> Result<(), &'static str> {
     if sid.is_empty() || sid.len() > MAX_STREAM_SID_BYTES {
         return Err("streamSid must be 1 to 128 characters");
     }
-    if !sid.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')) {
+    if !sid
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
         return Err("streamSid may contain only ASCII letters, digits, '-', '_', '.' and ':'");
     }
     Ok(())
@@ -160,14 +163,20 @@ pub fn check_stream_sid(sid: &str) -> Result<(), &'static str> {
 
 /// Session parameters from `customParameters` (strings, numbers and
 /// booleans; anything else is refused, naming the key).
-pub fn custom_parameters(map: &serde_json::Map<String, serde_json::Value>) -> Result<Vec<(String, String)>, String> {
+pub fn custom_parameters(
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::with_capacity(map.len());
     for (k, v) in map {
         let v = match v {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Number(n) => n.to_string(),
             serde_json::Value::Bool(b) => b.to_string(),
-            _ => return Err(format!("customParameters.{k} must be a string, a number or a boolean")),
+            _ => {
+                return Err(format!(
+                    "customParameters.{k} must be a string, a number or a boolean"
+                ))
+            }
         };
         out.push((k.clone(), v));
     }
@@ -180,14 +189,23 @@ pub fn base64_len(n: usize) -> usize {
 }
 
 /// Appends a `media` event carrying `packet` to `out`.
-pub fn write_media(out: &mut bytes::BytesMut, seq: u64, sid: &str, chunk: u64, timestamp_ms: u64, packet: &[u8]) {
+pub fn write_media(
+    out: &mut bytes::BytesMut,
+    seq: u64,
+    sid: &str,
+    chunk: u64,
+    timestamp_ms: u64,
+    packet: &[u8],
+) {
     let _ = write!(
         out,
         r#"{{"event":"media","sequenceNumber":"{seq}","streamSid":"{sid}","media":{{"track":"outbound","chunk":"{chunk}","timestamp":"{timestamp_ms}","payload":""#
     );
     let at = out.len();
     out.resize(at + base64_len(packet.len()), 0);
-    let n = BASE64.encode_slice(packet, &mut out[at..]).expect("sized by base64_len");
+    let n = BASE64
+        .encode_slice(packet, &mut out[at..])
+        .expect("sized by base64_len");
     out.truncate(at + n);
     out.extend_from_slice(br#""}}"#);
 }
@@ -212,22 +230,32 @@ mod tests {
         assert_eq!(e.event.as_str(), "start");
         let s = e.start.unwrap();
         let f = s.media_format.unwrap();
-        assert_eq!((f.encoding.as_str(), f.sample_rate, f.channels), ("audio/x-mulaw", 8000, 1));
+        assert_eq!(
+            (f.encoding.as_str(), f.sample_rate, f.channels),
+            ("audio/x-mulaw", 8000, 1)
+        );
         let params = custom_parameters(&s.custom_parameters.unwrap()).unwrap();
         assert!(params.contains(&("seed".to_string(), "42".to_string())));
 
         let media = r#"{"event":"media","sequenceNumber":"3","media":{"track":"inbound","chunk":"1","timestamp":"5","payload":"/////w=="},"streamSid":"MZ1"}"#;
         let e = parse(media).unwrap();
         let m = e.media.unwrap();
-        assert!(matches!(m.payload.0, Cow::Borrowed(_)), "the payload is borrowed");
+        assert!(
+            matches!(m.payload.0, Cow::Borrowed(_)),
+            "the payload is borrowed"
+        );
         assert_eq!(BASE64.decode(m.payload.as_str()).unwrap(), [0xff; 4]);
         assert_eq!(m.track.unwrap().as_str(), "inbound");
         // Unpadded base64 is accepted too.
         assert_eq!(BASE64.decode("/////w").unwrap(), [0xff; 4]);
 
-        let e = parse(r#"{"event":"mark","streamSid":"MZ1","mark":{"name":"a \"quoted\" label"}}"#).unwrap();
+        let e = parse(r#"{"event":"mark","streamSid":"MZ1","mark":{"name":"a \"quoted\" label"}}"#)
+            .unwrap();
         assert_eq!(e.mark.unwrap().name.as_str(), "a \"quoted\" label");
-        let e = parse(r#"{"event":"dtmf","streamSid":"MZ1","dtmf":{"track":"inbound_track","digit":"5"}}"#).unwrap();
+        let e = parse(
+            r#"{"event":"dtmf","streamSid":"MZ1","dtmf":{"track":"inbound_track","digit":"5"}}"#,
+        )
+        .unwrap();
         assert_eq!(e.dtmf.unwrap().digit.as_str(), "5");
         assert!(parse("{not json").is_err());
         assert!(parse(r#"{"no_event":1}"#).is_err());
@@ -241,8 +269,11 @@ mod tests {
         assert!(check_stream_sid("").is_err());
         assert!(check_stream_sid("a\"b").is_err());
         assert!(check_stream_sid(&"x".repeat(129)).is_err());
-        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(r#"{"seed": 3, "greedy": true, "x": {"y": 1}}"#).unwrap();
-        assert!(custom_parameters(&map).unwrap_err().contains("customParameters.x"));
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"seed": 3, "greedy": true, "x": {"y": 1}}"#).unwrap();
+        assert!(custom_parameters(&map)
+            .unwrap_err()
+            .contains("customParameters.x"));
     }
 
     #[test]
@@ -255,7 +286,9 @@ mod tests {
         assert_eq!(v["streamSid"], "MZ1");
         assert_eq!(v["media"]["chunk"], "3");
         assert_eq!(v["media"]["timestamp"], "40");
-        let payload = BASE64.decode(v["media"]["payload"].as_str().unwrap()).unwrap();
+        let payload = BASE64
+            .decode(v["media"]["payload"].as_str().unwrap())
+            .unwrap();
         assert_eq!(payload, [0xff; 160]);
         out.clear();
         let name = serde_json::to_string("a \"quoted\" label").unwrap();

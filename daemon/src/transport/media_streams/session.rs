@@ -33,7 +33,9 @@ use crate::io::app::CoreApp;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::telephony::g711::Law;
-use crate::transport::audiosocket::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
+use crate::transport::audiosocket::line::{
+    LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS,
+};
 use crate::transport::audiosocket::link::EngineLink;
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -121,7 +123,9 @@ pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> Sess
     let shared = app.shared.clone();
     let cfg = &shared.config;
     let mut rec = SessionRecord::start(shared.session_id(), "media_stream");
-    let _ = ws.get_ref().set_write_timeout(Some(Duration::from_millis(cfg.session.send_timeout_ms)));
+    let _ = ws
+        .get_ref()
+        .set_write_timeout(Some(Duration::from_millis(cfg.session.send_timeout_ms)));
     let idle = Duration::from_millis(cfg.session.idle_timeout_ms);
     let started = match await_start(&mut ws, idle, query).await {
         Ok(s) => s,
@@ -185,7 +189,11 @@ pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> Sess
 }
 
 /// Reads events until `start`.
-async fn await_start(ws: &mut Ws, idle: Duration, query: Vec<(String, String)>) -> Result<Started, EndReason> {
+async fn await_start(
+    ws: &mut Ws,
+    idle: Duration,
+    query: Vec<(String, String)>,
+) -> Result<Started, EndReason> {
     loop {
         let msg = match glommio::timer::timeout(idle, async { Ok(ws.next().await) }).await {
             Err(_) => return Err(EndReason::IdleTimeout),
@@ -236,12 +244,16 @@ async fn await_start(ws: &mut Ws, idle: Duration, query: Vec<(String, String)>) 
                 };
                 let mut params = query;
                 if let Some(map) = &start.custom_parameters {
-                    params.extend(events::custom_parameters(map).map_err(EndReason::ProtocolError)?);
+                    params
+                        .extend(events::custom_parameters(map).map_err(EndReason::ProtocolError)?);
                 }
                 return Ok(Started { sid, law, params });
             }
             "media" | "mark" | "clear" | "dtmf" => {
-                return Err(EndReason::ProtocolError(format!("`{}` before `start`", event.event.as_str())))
+                return Err(EndReason::ProtocolError(format!(
+                    "`{}` before `start`",
+                    event.event.as_str()
+                )))
             }
             other => return Err(unknown_event(other)),
         }
@@ -311,7 +323,11 @@ impl Stream {
                 return EndReason::EngineStalled;
             }
             let mut wake_at = (now + HOUSEKEEPING).min(self.last_rx + idle);
-            if let Some(d) = self.pacer.next_deadline().filter(|_| !self.output.is_empty()) {
+            if let Some(d) = self
+                .pacer
+                .next_deadline()
+                .filter(|_| !self.output.is_empty())
+            {
                 wake_at = wake_at.min(d);
             }
             if let Some(d) = self.link.stall_deadline() {
@@ -368,13 +384,19 @@ impl Stream {
                 let Some(media) = event.media else {
                     return Err(protocol("`media` without its `media` object"));
                 };
-                if media.track.as_ref().is_some_and(|t| !t.as_str().starts_with("inbound")) {
+                if media
+                    .track
+                    .as_ref()
+                    .is_some_and(|t| !t.as_str().starts_with("inbound"))
+                {
                     self.stats.other_tracks += 1;
                     return Ok(());
                 }
                 let n = BASE64
                     .decode_slice(media.payload.as_str(), &mut self.pending)
-                    .map_err(|e| EndReason::ProtocolError(format!("bad base64 in media.payload: {e}")))?;
+                    .map_err(|e| {
+                        EndReason::ProtocolError(format!("bad base64 in media.payload: {e}"))
+                    })?;
                 self.stats.media_in += 1;
                 self.pending_len = n;
                 self.pending_taken = 0;
@@ -385,12 +407,16 @@ impl Stream {
                     return Err(protocol("`mark` without its `mark` object"));
                 };
                 if self.marks.len() == self.max_marks {
-                    return Err(protocol("too many marks waiting for their echo (media_streams.max_pending_marks)"));
+                    return Err(protocol(
+                        "too many marks waiting for their echo (media_streams.max_pending_marks)",
+                    ));
                 }
-                let name_json = serde_json::to_string(mark.name.as_str()).expect("a string serializes");
+                let name_json =
+                    serde_json::to_string(mark.name.as_str()).expect("a string serializes");
                 self.stats.marks += 1;
                 let after_frames = self.link.sent();
-                let at_packet = (self.link.answered() >= after_frames).then(|| self.output.stats().queued);
+                let at_packet =
+                    (self.link.answered() >= after_frames).then(|| self.output.stats().queued);
                 self.marks.push_back(PendingMark {
                     after_frames,
                     at_packet,
@@ -407,10 +433,18 @@ impl Stream {
                 Ok(())
             }
             "dtmf" => {
-                let digit = event.dtmf.as_ref().and_then(|d| d.digit.as_str().bytes().next()).unwrap_or(b'?');
+                let digit = event
+                    .dtmf
+                    .as_ref()
+                    .and_then(|d| d.digit.as_str().bytes().next())
+                    .unwrap_or(b'?');
                 let i = self.stats.dtmf as usize;
                 if i < DTMF_LOG_DIGITS {
-                    self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() { digit } else { b'?' };
+                    self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
+                        digit
+                    } else {
+                        b'?'
+                    };
                 }
                 self.stats.dtmf += 1;
                 Ok(())
@@ -454,7 +488,11 @@ impl Stream {
     /// Echoes the marks whose audio has been sent, in order.
     async fn echo_marks(&mut self) -> Result<(), EndReason> {
         let taken = self.output.stats().taken;
-        while self.marks.front().is_some_and(|m| m.at_packet.is_some_and(|at| taken >= at)) {
+        while self
+            .marks
+            .front()
+            .is_some_and(|m| m.at_packet.is_some_and(|at| taken >= at))
+        {
             let m = self.marks.pop_front().expect("checked");
             self.send_mark(&m.name_json).await?;
         }
@@ -495,7 +533,10 @@ impl Stream {
     async fn send_out(&mut self) -> Result<(), EndReason> {
         let bytes = self.out.split();
         let text = Utf8Bytes::try_from(bytes).expect("events are ASCII JSON");
-        self.ws.send(Message::Text(text)).await.map_err(classify_ws_error)
+        self.ws
+            .send(Message::Text(text))
+            .await
+            .map_err(classify_ws_error)
     }
 
     /// Releases the slot, tells the client how the stream ended, logs it.
@@ -504,7 +545,10 @@ impl Stream {
         self.rec.end(reason);
         let reason = self.rec.end_reason.clone().expect("set just above");
         let limit = Duration::from_millis(self.link.app.shared.config.session.send_timeout_ms);
-        if !matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer) {
+        if !matches!(
+            reason,
+            EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
+        ) {
             let _ = glommio::timer::timeout(limit, async {
                 goodbye(&mut self.ws, Some(&self.sid), &reason).await;
                 Ok(())
@@ -542,9 +586,17 @@ impl Stream {
 }
 
 /// Ends a stream that never got a slot.
-async fn finish_early(mut ws: Ws, rec: SessionRecord, sid: Option<&str>, app: &CoreApp) -> SessionRecord {
+async fn finish_early(
+    mut ws: Ws,
+    rec: SessionRecord,
+    sid: Option<&str>,
+    app: &CoreApp,
+) -> SessionRecord {
     let reason = rec.end_reason.clone().expect("ended by the caller");
-    if !matches!(reason, EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer) {
+    if !matches!(
+        reason,
+        EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
+    ) {
         let limit = Duration::from_millis(app.shared.config.session.send_timeout_ms);
         let _ = glommio::timer::timeout(limit, async {
             goodbye(&mut ws, sid, &reason).await;
@@ -592,7 +644,9 @@ async fn goodbye(ws: &mut Ws, sid: Option<&str>, reason: &EndReason) {
         EndReason::BadParameters(_) => CloseCode::Policy,
         EndReason::Refused(_) => CloseCode::Again,
         EndReason::ServerShutdown => CloseCode::Away,
-        EndReason::ModelFault | EndReason::EngineStalled | EndReason::SendFailed(_) => CloseCode::Error,
+        EndReason::ModelFault | EndReason::EngineStalled | EndReason::SendFailed(_) => {
+            CloseCode::Error
+        }
         _ => CloseCode::Normal,
     };
     // A close reason is at most 123 bytes.
@@ -616,9 +670,9 @@ fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
         Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
         Error::Io(io) => match io.kind() {
             std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
-            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof => {
-                EndReason::ClientClosed
-            }
+            std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
             _ => EndReason::ProtocolError(format!("connection error: {io}")),
         },
         Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),

@@ -412,6 +412,9 @@ impl JitterBuffer {
                 }
                 self.last_transit = Some(transit);
                 self.pkt_max_rtp = self.pkt_max_rtp.max(dur as u64);
+                // A buffer shallower than one packet underruns between
+                // packets: long packets raise the target at once.
+                self.target_rtp = self.target_rtp.max((dur as u64).min(self.max_rtp));
                 (ext_ts, dur as u64)
             }
         };

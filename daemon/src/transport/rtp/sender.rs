@@ -277,7 +277,7 @@ mod tests {
         };
         let mut o = Outbound::new(CodecSpec::PCMU, 0, 20, 640, start).unwrap();
         let mut seen = Vec::new();
-        let mut grab = |o: &mut Outbound| {
+        let grab = |o: &mut Outbound| {
             let p = parse(o.next_packet()).unwrap();
             let mut pcm = [0f32; 160];
             Law::Mu.decode(p.payload, &mut pcm);
