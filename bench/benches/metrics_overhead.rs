@@ -41,7 +41,10 @@ fn thread_cpu_ns() -> u64 {
         fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
     }
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec (64-bit time_t on the
     // 64-bit Linux targets this workspace builds for); the clock id is valid.
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -80,7 +83,13 @@ impl Load {
     fn new(streams: usize) -> Load {
         let shared = Arc::new(EngineShared::new(streams, 1, 10.0, 1));
         let (links, mut ports) = core_links(1, streams * 4);
-        let mut engine = Engine::new(Box::new(ZeroCostModel::new(streams)), links, shared.clone(), 4, 1);
+        let mut engine = Engine::new(
+            Box::new(ZeroCostModel::new(streams)),
+            links,
+            shared.clone(),
+            4,
+            1,
+        );
         engine.warm_up();
         let core = shared.metrics.register(Owner::Core(0), 1, streams);
         let mut port = ports.remove(0);
@@ -94,7 +103,9 @@ impl Load {
             rec.kind = ToEngineKind::Open;
             rec.slot = t.slot;
             rec.generation = t.generation;
-            port.to_engine.try_push(&rec).expect("lane sized for every slot");
+            port.to_engine
+                .try_push(&rec)
+                .expect("lane sized for every slot");
             let encoder = OggOpusEncoder::new(EncoderConfig::default()).expect("encoder");
             let decoder = OggOpusDecoder::new(DecoderConfig {
                 trim_pre_skip: false,
@@ -131,14 +142,33 @@ impl Load {
     /// One tick's worth: every stream encodes, decodes and pushes a frame;
     /// the engine ticks; the outputs are drained. Stages are recorded when
     /// the switch is on (read once, as a session reads it per message batch).
-    fn tick(&mut self) {
+    /// Without `codec`, the frame is pushed as is (lanes and tick only).
+    fn tick(&mut self, codec: bool) {
         let on = self.shared.metrics.enabled();
         for s in &mut self.streams {
+            if !codec {
+                self.rec.pcm.copy_from_slice(&self.input[..]);
+                self.rec.slot = s.slot;
+                self.rec.generation = s.generation;
+                self.rec.pushed_at = on.then(Instant::now);
+                self.port
+                    .to_engine
+                    .try_push(&self.rec)
+                    .expect("lane sized for every slot");
+                if on {
+                    self.core.frames(1);
+                }
+                continue;
+            }
             let t = on.then(Instant::now);
-            let n = s.encoder.encode_frame(&self.input, &mut self.ogg).expect("encode");
+            let n = s
+                .encoder
+                .encode_frame(&self.input, &mut self.ogg)
+                .expect("encode");
             let t = t.map(|t| {
                 let now = Instant::now();
-                self.core.record(Stage::Encode, now.saturating_duration_since(t));
+                self.core
+                    .record(Stage::Encode, now.saturating_duration_since(t));
                 now
             });
             s.decoder.push_bytes(&self.ogg[..n]).expect("decode");
@@ -154,7 +184,10 @@ impl Load {
             self.rec.slot = s.slot;
             self.rec.generation = s.generation;
             self.rec.pushed_at = on.then(Instant::now);
-            self.port.to_engine.try_push(&self.rec).expect("lane sized for every slot");
+            self.port
+                .to_engine
+                .try_push(&self.rec)
+                .expect("lane sized for every slot");
             if on {
                 self.core.frames(1);
             }
@@ -168,11 +201,11 @@ impl Load {
 }
 
 /// CPU ns per stream-frame over `ticks` ticks.
-fn round(load: &mut Load, on: bool, ticks: usize) -> f64 {
+fn round(load: &mut Load, on: bool, ticks: usize, codec: bool) -> f64 {
     load.shared.metrics.set_enabled(on);
     let t0 = thread_cpu_ns();
     for _ in 0..ticks {
-        load.tick();
+        load.tick(codec);
     }
     (thread_cpu_ns() - t0) as f64 / (ticks * load.streams.len()) as f64
 }
@@ -187,6 +220,28 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// Medians of CPU ns per stream-frame off and on, and of the on/off ratio of
+/// adjacent rounds (the mode that goes first alternates so drift cancels).
+fn compare(load: &mut Load, ticks: usize, rounds: usize, codec: bool) -> (f64, f64, f64) {
+    // Warm caches, codec state and the branch predictors in both modes.
+    round(load, false, ticks, codec);
+    round(load, true, ticks, codec);
+    let (mut off, mut on, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (a, b) = if r % 2 == 0 {
+            let a = round(load, false, ticks, codec);
+            (a, round(load, true, ticks, codec))
+        } else {
+            let b = round(load, true, ticks, codec);
+            (round(load, false, ticks, codec), b)
+        };
+        off.push(a);
+        on.push(b);
+        ratios.push(b / a);
+    }
+    (median(&mut off), median(&mut on), median(&mut ratios))
+}
+
 /// ns per iteration of `f` over `iters` iterations (CPU time).
 fn per_iter(iters: u64, mut f: impl FnMut(u64)) -> f64 {
     let t0 = thread_cpu_ns();
@@ -198,33 +253,25 @@ fn per_iter(iters: u64, mut f: impl FnMut(u64)) -> f64 {
 
 fn main() {
     // `cargo bench` passes `--bench`; numbers are positional.
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let streams = args.first().copied().unwrap_or(64);
     let ticks = args.get(1).copied().unwrap_or(25);
     let rounds = args.get(2).copied().unwrap_or(12);
 
     let mut load = Load::new(streams);
-    // Warm caches, codec state and the branch predictors in both modes.
-    round(&mut load, false, ticks);
-    round(&mut load, true, ticks);
-
-    let (mut off, mut on, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for r in 0..rounds {
-        // Alternate which mode goes first so that drift cancels.
-        let (a, b) = if r % 2 == 0 {
-            let a = round(&mut load, false, ticks);
-            (a, round(&mut load, true, ticks))
-        } else {
-            let b = round(&mut load, true, ticks);
-            (round(&mut load, false, ticks), b)
-        };
-        off.push(a);
-        on.push(b);
-        ratios.push(b / a);
-    }
+    let (m_off, m_on, m_ratio) = compare(&mut load, ticks, rounds, true);
+    // The same without the codec: the metrics' cost against the daemon's own
+    // per-frame work only (an upper bound on the relative overhead).
+    let (b_off, b_on, b_ratio) = compare(&mut load, ticks * 20, rounds, false);
     let recorded = load.shared.metrics.snapshots();
     let frames_per_mode = (rounds * ticks * streams) as u64;
-    let engine = recorded.iter().find(|s| s.owner == Owner::Engine).expect("engine registered");
+    let engine = recorded
+        .iter()
+        .find(|s| s.owner == Owner::Engine)
+        .expect("engine registered");
     assert!(
         engine.stage(Stage::FrameWait).count() >= frames_per_mode,
         "the on rounds recorded frame_wait for every frame"
@@ -233,7 +280,9 @@ fn main() {
     // One recorded stage, alone and with its clock reads; a stage while off.
     let rec = load.shared.metrics.register(Owner::Core(1), 1, streams);
     let iters = 20_000_000u64;
-    let record_ns = per_iter(iters, |i| rec.record(Stage::Send, Duration::from_nanos(black_box(i & 0xFFFF))));
+    let record_ns = per_iter(iters, |i| {
+        rec.record(Stage::Send, Duration::from_nanos(black_box(i & 0xFFFF)))
+    });
     let timed_ns = per_iter(iters / 4, |_| {
         let t = Instant::now();
         rec.record(Stage::Send, t.elapsed());
@@ -247,13 +296,15 @@ fn main() {
         }
     });
 
-    let (m_off, m_on, m_ratio) = (median(&mut off), median(&mut on), median(&mut ratios));
     println!("metrics_overhead: {streams} streams, {ticks} ticks x {rounds} rounds per mode (CPU time of one thread)");
     println!("  per stream-frame, metrics off: {m_off:.0} ns (median)");
     println!("  per stream-frame, metrics on:  {m_on:.0} ns (median)");
     println!(
         "  ratio on/off: {m_ratio:.4} (median of adjacent pairs; goal <= 1.02); difference of medians {:+.0} ns",
         m_on - m_off
+    );
+    println!(
+        "  without the codec (lanes + tick only): off {b_off:.0} ns, on {b_on:.0} ns per stream-frame, ratio {b_ratio:.3}"
     );
     println!("  one recorded stage: {record_ns:.1} ns (record only), {timed_ns:.1} ns (with its two clock reads)");
     println!("  one stage with metrics off: {off_ns:.2} ns (switch read, no clock)");

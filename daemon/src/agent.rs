@@ -12,11 +12,13 @@
 //! * `maint`: the daemon is not ready yet (loading the model, warming up).
 //!
 //! Invariants: the responder runs on its own plain thread, so a busy I/O
-//! core never delays it; it reads nothing from the peer and holds nothing
-//! per connection after replying; each reply takes the admission lock once.
+//! core never delays it; it holds nothing per connection after replying
+//! (what the peer sends is read, at most 4 KiB for at most ~100 ms, and
+//! dropped); each reply takes the admission lock once. It has no
+//! authentication (the protocol has none): expose it to the balancers only.
 
 use crate::engine::EngineShared;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -146,13 +148,27 @@ fn reply(mut stream: TcpStream, cell: &OnceLock<Arc<EngineShared>>) {
     let mut line = agent_reply(cell);
     line.push('\n');
     let _ = stream.write_all(line.as_bytes());
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = stream.shutdown(Shutdown::Write);
+    // Read what the peer sent (an `agent-send` string) before closing:
+    // closing with unread bytes would reset the connection, possibly before
+    // HAProxy has read the line. Bounded in bytes and time.
+    let deadline = std::time::Instant::now() + Duration::from_millis(100);
+    let mut sink = [0u8; 512];
+    for _ in 0..8 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     #[test]
     fn lines_follow_the_capacity_model() {
@@ -182,6 +198,13 @@ mod tests {
             text
         };
         assert_eq!(ask(), "maint\n", "no engine yet");
+        // With HAProxy's `agent-send`, the peer writes first; it still gets the line.
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.write_all(b"moshid/gpu0\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "maint\n");
         let engine = Arc::new(EngineShared::new(4, 1, 10.0, 1));
         cell.set(engine.clone()).ok().unwrap();
         assert_eq!(ask(), "maint\n", "not warmed up");

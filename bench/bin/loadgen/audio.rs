@@ -12,8 +12,10 @@
 //!   pages of its own (contiguous sequence numbers, headers first), so a frame
 //!   lost on the send side is simply skipped and the stream stays valid.
 //! - [`bare_opus_floor`]: what decoding the callers' audio and encoding the
-//!   same amount of answer audio costs on one core with nothing else — the
-//!   floor that the daemon's CPU per stream is compared with.
+//!   same amount of answer audio costs on one thread with nothing else — the
+//!   floor that the daemon's CPU per stream is compared with. The answer
+//!   audio is what the daemon really sent back (kept from one caller), since
+//!   Opus's cost depends on the signal; the sent audio is the fallback.
 //!
 //! Invariants: every message starts with the audio kind byte 0x01; the first
 //! message of a stream carries `OpusHead` and `OpusTags`; granule positions
@@ -183,6 +185,11 @@ impl EncodedAudio {
         self.pcm.len()
     }
 
+    /// The PCM of the frames.
+    pub fn pcm(&self) -> &[[f32; FRAME_SAMPLES]] {
+        &self.pcm
+    }
+
     /// Bytes of the largest message a [`StreamWriter`] can produce.
     pub fn max_message_bytes(&self) -> usize {
         1 + ogg_page_bytes_for_packet(self.head.len())
@@ -248,9 +255,18 @@ pub struct OpusFloor {
     pub total_ms_per_stream_s: f64,
 }
 
-/// Measures [`OpusFloor`] over at least `min_audio` of audio (whole passes
-/// over `audio`, each pass a fresh decoder and encoder as a new session).
-pub fn bare_opus_floor(audio: &EncodedAudio, min_audio: Duration) -> Result<OpusFloor> {
+/// Measures [`OpusFloor`] over at least `min_audio` of audio: decoding
+/// `audio` (what the callers send) and encoding as many frames of `answer`
+/// (looped; what the daemon sends back), in whole passes, each pass a fresh
+/// decoder and encoder as a new session.
+pub fn bare_opus_floor(
+    audio: &EncodedAudio,
+    answer: &[[f32; FRAME_SAMPLES]],
+    min_audio: Duration,
+) -> Result<OpusFloor> {
+    if answer.is_empty() {
+        bail!("no answer audio to encode");
+    }
     let mut writer = StreamWriter::new(audio);
     let messages: Vec<Vec<u8>> = (0..audio.frames())
         .map(|i| writer.message(audio, i).map(|m| m[1..].to_vec()))
@@ -274,7 +290,7 @@ pub fn bare_opus_floor(audio: &EncodedAudio, min_audio: Duration) -> Result<Opus
             }
         }
         let t_mid = thread_cpu();
-        for frame in &audio.pcm {
+        for frame in answer.iter().cycle().take(audio.frames()) {
             checksum += encoder.encode_frame(frame, &mut out)? as f64;
         }
         let t_end = thread_cpu();

@@ -157,7 +157,6 @@ struct Ctx {
     connect_timeout: Duration,
     drain: Duration,
     criteria: Criteria,
-    floor: OpusFloor,
     idle_ms_per_s: Option<f64>,
     gauge: Arc<AtomicUsize>,
 }
@@ -212,7 +211,7 @@ fn measure(
     started: SystemTime,
     machine: sys::Machine,
 ) -> Result<()> {
-    // Audio, encoded once; then the floor, before the daemon exists.
+    // Audio, encoded once (the floor is measured after the ramp).
     let (pcm, audio_name) = match &args.wav {
         Some(path) => (
             moshid::client::wav::read_wav_24k_mono(path)?.samples,
@@ -227,11 +226,7 @@ fn measure(
         ),
     };
     let audio = Arc::new(EncodedAudio::encode(&pcm, frames)?);
-    let floor = audio::bare_opus_floor(&audio, secs(args.floor_seconds, "--floor-seconds")?)?;
-    eprintln!(
-        "bare Opus on one core: decode {:.3} + encode {:.3} = {:.3} ms per stream-second",
-        floor.decode_ms_per_stream_s, floor.encode_ms_per_stream_s, floor.total_ms_per_stream_s
-    );
+    let floor_audio = secs(args.floor_seconds, "--floor-seconds")?;
 
     // The daemon.
     let serve_args: Vec<String> = args
@@ -289,7 +284,6 @@ fn measure(
         connect_timeout: secs(args.connect_timeout, "--connect-timeout")?,
         drain: secs(args.drain_seconds, "--drain-seconds")?,
         criteria,
-        floor,
         idle_ms_per_s,
         gauge: Arc::new(AtomicUsize::new(0)),
     };
@@ -305,8 +299,10 @@ fn measure(
     let mut steps: Vec<StepReport> = Vec::new();
     let mut held: Option<usize> = None;
     let mut broke: Option<usize> = None;
+    let mut answer_pcm: Vec<f32> = Vec::new();
     for &n in &plan {
-        let step = run_step(&ctx, n, &mut rng)?;
+        let (step, answer) = run_step(&ctx, n, &mut rng, answer_pcm.is_empty())?;
+        answer_pcm.extend(answer.unwrap_or_default());
         let ok = step.held;
         steps.push(step);
         if ok {
@@ -327,7 +323,7 @@ fn measure(
             break;
         }
         let n = low + (high - low) / 2;
-        let step = run_step(&ctx, n, &mut rng)?;
+        let (step, _) = run_step(&ctx, n, &mut rng, false)?;
         if step.held {
             held = Some(n);
         } else {
@@ -339,6 +335,32 @@ fn measure(
     let polls = poller.finish();
     drop(spawned);
     steps.sort_by_key(|s| s.streams);
+
+    // The floor, with the daemon gone: decoding what was sent, encoding
+    // what came back (or what was sent, if no answer was kept).
+    let answer_frames: Vec<[f32; moshid::FRAME_SAMPLES]> = answer_pcm
+        .chunks_exact(moshid::FRAME_SAMPLES)
+        .map(|c| c.try_into().expect("exact chunk"))
+        .collect();
+    let floor_sent = audio::bare_opus_floor(&ctx.audio, ctx.audio.pcm(), floor_audio)?;
+    let (floor, floor_basis) = if answer_frames.len() >= 12 {
+        (
+            audio::bare_opus_floor(&ctx.audio, &answer_frames, floor_audio)?,
+            format!(
+                "decode of the sent audio + encode of the daemon's answer audio ({:.1} s kept \
+                 from one caller of the first step, looped)",
+                answer_frames.len() as f64 * moshid::FRAME_MS / 1000.0
+            ),
+        )
+    } else {
+        (
+            floor_sent,
+            "decode + encode of the sent audio (no answer audio kept)".into(),
+        )
+    };
+    for step in &mut steps {
+        set_ratios(step, &floor);
+    }
 
     let (date, stamp) = utc(started);
     let out_dir = args.out.clone().unwrap_or_else(|| {
@@ -372,6 +394,8 @@ fn measure(
                 .into(),
         },
         opus_floor: floor,
+        opus_floor_basis: floor_basis,
+        opus_floor_sent_audio: floor_sent,
         daemon_idle_cpu_ms_per_s: idle_ms_per_s,
         steps,
         loadavg_1m_at_end: sys::loadavg_1m(),
@@ -386,8 +410,23 @@ fn measure(
     Ok(())
 }
 
-/// Runs `n` callers at once for one step and measures it.
-fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
+/// The ratios of a step's CPU per stream to the bare-Opus floor.
+fn set_ratios(step: &mut StepReport, floor: &OpusFloor) {
+    let f = floor.total_ms_per_stream_s;
+    let ratio = |v: Option<f64>| v.filter(|_| f > 0.0).map(|v| v / f);
+    step.ratio_to_bare_opus = ratio(step.cpu_ms_per_stream_s);
+    step.ratio_to_bare_opus_net_idle = ratio(step.cpu_ms_per_stream_s_net_idle);
+    step.ratio_to_bare_opus_excl_engine = ratio(step.cpu_ms_per_stream_s_excl_engine);
+}
+
+/// Runs `n` callers at once for one step and measures it; with
+/// `keep_answer`, also returns the answer audio the first caller decoded.
+fn run_step(
+    ctx: &Ctx,
+    n: usize,
+    rng: &mut Rng,
+    keep_answer: bool,
+) -> Result<(StepReport, Option<Vec<f32>>)> {
     if !daemon::wait_idle(ctx.addr, Duration::from_secs(10)) {
         eprintln!("warning: the daemon still holds sessions from before");
     }
@@ -412,7 +451,7 @@ fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
         let handle = std::thread::Builder::new()
             .name(format!("caller-{i}"))
             .stack_size(512 * 1024)
-            .spawn(move || stream::run_caller(&shared, offset, seed));
+            .spawn(move || stream::run_caller(&shared, offset, seed, keep_answer && i == 0));
         match handle {
             Ok(h) => callers.push(h),
             // The barriers wait for all n: a caller that cannot start would
@@ -434,7 +473,7 @@ fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
     let _ = shared.t0.set(t0);
     ctx.gauge.store(n, Ordering::Relaxed);
     shared.go.wait();
-    let outcomes: Vec<Outcome> = callers
+    let mut outcomes: Vec<Outcome> = callers
         .into_iter()
         .map(|h| h.join().expect("caller thread panicked"))
         .collect();
@@ -462,8 +501,21 @@ fn run_step(ctx: &Ctx, n: usize, rng: &mut Rng) -> Result<StepReport> {
         })
         .filter(|(_, cores)| *cores > 0.0)
         .collect();
+    // The engine thread steps the model; the rest (I/O cores: WebSocket,
+    // Opus, lanes) is what the daemon costs around the model.
+    let engine_ms: f64 = threads1
+        .iter()
+        .filter(|(name, _)| name.contains("engine"))
+        .map(|(name, ms)| ms - threads0.get(name).copied().unwrap_or(0.0))
+        .sum();
+    if step.stream_seconds > 0.0 && step.cpu_ms_per_stream_s.is_some() {
+        let engine = engine_ms / step.stream_seconds;
+        step.engine_thread_ms_per_stream_s = Some(engine);
+        step.cpu_ms_per_stream_s_excl_engine = step.cpu_ms_per_stream_s.map(|c| c - engine);
+    }
     eprintln!("{}", step_line(&step));
-    Ok(step)
+    let answer = outcomes.first_mut().and_then(|o| o.answer_pcm.take());
+    Ok((step, answer))
 }
 
 /// CPU readings (ms) at the start and end of a step's window.
@@ -527,8 +579,6 @@ fn summarize_step(
         ctx.idle_ms_per_s
             .map(|idle| p - idle * window_s / stream_seconds)
     });
-    let floor = ctx.floor.total_ms_per_stream_s;
-    let ratio = |v: Option<f64>| v.filter(|_| floor > 0.0).map(|v| v / floor);
     let engine_steps = after.steps.saturating_sub(before.steps);
     let engine_frames = after.frames_stepped.saturating_sub(before.frames_stepped);
     let misses = late + unanswered;
@@ -561,8 +611,8 @@ fn summarize_step(
         daemon_cpu_ms,
         cpu_ms_per_stream_s: per_stream,
         cpu_ms_per_stream_s_net_idle: net,
-        ratio_to_bare_opus: ratio(per_stream),
-        ratio_to_bare_opus_net_idle: ratio(net),
+        ratio_to_bare_opus: None,
+        ratio_to_bare_opus_net_idle: None,
         daemon_cores: cores(daemon_cpu_ms),
         loadgen_cores,
         machine_busy_cores,
@@ -570,6 +620,9 @@ fn summarize_step(
             .map(|busy| busy - cores(daemon_cpu_ms).unwrap_or(0.0) - loadgen_cores.unwrap_or(0.0)),
         loadavg_1m: sys::loadavg_1m(),
         daemon_thread_cores: Default::default(),
+        engine_thread_ms_per_stream_s: None,
+        cpu_ms_per_stream_s_excl_engine: None,
+        ratio_to_bare_opus_excl_engine: None,
         engine_before: before,
         engine_after: after,
         engine_steps,
@@ -590,7 +643,7 @@ fn step_line(s: &StepReport) -> String {
     let l = s.latency_ms.as_ref();
     format!(
         "N={:>3}: sessions {} refused {} errors {} | latency p50 {} p90 {} p99 {} max {} ms | \
-         misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus) | batch mean {} max {}, step {:.1} ms | \
+         misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus; without engine thread {} = {}x) | batch mean {} max {}, step {:.1} ms | \
          send lag p99 {} ms | others {} cores | {}",
         s.streams,
         s.sessions,
@@ -605,6 +658,8 @@ fn step_line(s: &StepReport) -> String {
         s.unanswered,
         fmt_opt(s.cpu_ms_per_stream_s, 2),
         fmt_opt(s.ratio_to_bare_opus, 2),
+        fmt_opt(s.cpu_ms_per_stream_s_excl_engine, 2),
+        fmt_opt(s.ratio_to_bare_opus_excl_engine, 2),
         fmt_opt(s.mean_batch, 1),
         s.engine_after.max_batch,
         s.engine_before.predicted_step_ms,
@@ -623,9 +678,15 @@ fn print_summary(r: &Report) {
         "machine: {} x {} ({} CPUs available), kernel {}",
         r.machine.cpuinfo_processors, r.machine.cpu_model, r.machine.nproc, r.machine.kernel
     );
+    let (f, sent) = (&r.opus_floor, &r.opus_floor_sent_audio);
     println!(
-        "bare Opus decode+encode: {:.3} ms per stream-second; daemon idle: {} ms/s",
-        r.opus_floor.total_ms_per_stream_s,
+        "bare Opus on one thread: decode {:.3} + encode {:.3} = {:.3} ms per stream-second \
+         ({}); sent audio both ways: {:.3}; daemon idle: {} ms/s",
+        f.decode_ms_per_stream_s,
+        f.encode_ms_per_stream_s,
+        f.total_ms_per_stream_s,
+        r.opus_floor_basis,
+        sent.total_ms_per_stream_s,
         fmt_opt(r.daemon_idle_cpu_ms_per_s, 1)
     );
     for s in &r.steps {

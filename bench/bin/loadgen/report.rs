@@ -93,6 +93,13 @@ pub struct StepReport {
     /// The daemon's CPU per thread name over the window, in cores: which
     /// thread (engine, I/O core) runs out first.
     pub daemon_thread_cores: std::collections::BTreeMap<String, f64>,
+    /// The engine thread's CPU (the model step, batch fill) per stream-second.
+    pub engine_thread_ms_per_stream_s: Option<f64>,
+    /// Daemon CPU per stream-second without the engine thread: what serving
+    /// costs around the model (WebSocket, Opus, lanes, sessions).
+    pub cpu_ms_per_stream_s_excl_engine: Option<f64>,
+    /// `cpu_ms_per_stream_s_excl_engine` / the bare-Opus floor.
+    pub ratio_to_bare_opus_excl_engine: Option<f64>,
     /// `/capacity` before and after the step.
     pub engine_before: EngineCounters,
     pub engine_after: EngineCounters,
@@ -137,7 +144,12 @@ pub struct Report {
     pub started_utc: String,
     pub machine: Machine,
     pub config: RunConfig,
+    /// The bare-Opus floor the ratios use.
     pub opus_floor: OpusFloor,
+    /// What that floor decodes and encodes.
+    pub opus_floor_basis: String,
+    /// The floor with the sent audio both ways (for comparison).
+    pub opus_floor_sent_audio: OpusFloor,
     /// The daemon's CPU while idle before the ramp, ms per second.
     pub daemon_idle_cpu_ms_per_s: Option<f64>,
     pub steps: Vec<StepReport>,

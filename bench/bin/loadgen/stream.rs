@@ -88,6 +88,8 @@ pub struct Outcome {
     pub text_messages: usize,
     /// The last metadata message.
     pub metadata: Option<Value>,
+    /// The decoded answer audio, when this caller was asked to keep it.
+    pub answer_pcm: Option<Vec<f32>>,
 }
 
 impl Outcome {
@@ -102,6 +104,7 @@ impl Outcome {
             send_lag_ms: Vec::new(),
             text_messages: 0,
             metadata: None,
+            answer_pcm: None,
         }
     }
 }
@@ -113,12 +116,16 @@ enum Connected {
 }
 
 /// Runs caller `index` (offset and seed given) through the step.
-pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64) -> Outcome {
+/// With `keep_answer`, the decoded answer audio is kept in the outcome.
+pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer: bool) -> Outcome {
     let connected = connect(&shared.url, shared.connect_timeout);
     shared.connected.wait();
     shared.go.wait();
     let t0 = *shared.t0.get().expect("t0 is set before the go barrier");
     let mut outcome = Outcome::new(shared.model_delay);
+    if keep_answer {
+        outcome.answer_pcm = Some(Vec::new());
+    }
     match connected {
         Connected::Ok(ws) => {
             outcome.accepted = true;
@@ -278,6 +285,9 @@ fn session(
                                 decoder.push_bytes(piece)?;
                                 while let Some(pcm) = decoder.next_pcm()? {
                                     samples += pcm.len();
+                                    if let Some(keep) = out.answer_pcm.as_mut() {
+                                        keep.extend_from_slice(pcm);
+                                    }
                                 }
                             }
                             out.matcher.audio(samples, arrival);

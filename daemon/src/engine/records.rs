@@ -79,6 +79,8 @@ pub struct FromEngine {
     pub generation: u32,
     /// The text token generated with this frame (for `Output`).
     pub text_token: u32,
+    /// The tick that stepped this frame started late.
+    pub late: bool,
     /// 24 kHz mono output samples (for `Output`).
     pub pcm: [f32; FRAME_SAMPLES],
 }
@@ -90,6 +92,7 @@ impl Default for FromEngine {
             slot: 0,
             generation: 0,
             text_token: 0,
+            late: false,
             pcm: [0.0; FRAME_SAMPLES],
         }
     }

@@ -4,8 +4,10 @@
 //! Invariants:
 //! * Ticks come from absolute deadlines (`start + n · period`), never from
 //!   the end of the previous step, so they do not drift. A tick that starts
-//!   more than one period late is counted and the schedule skips ahead rather
-//!   than bursting to catch up.
+//!   over a quarter period late is counted as late and flagged on the
+//!   outputs it produces (each session counts its late frames); one over a
+//!   whole period late makes the schedule skip ahead rather than burst to
+//!   catch up.
 //! * A slot steps at most once per tick of its group, only with a frame
 //!   queued; a slot without one is masked out and does not advance.
 //! * Each frame taken from a session produces exactly one record back
@@ -39,6 +41,11 @@ struct EngineSlot {
     /// Frames queued.
     queue_len: usize,
 }
+
+/// A tick that starts more than `period / LATE_TICK_FRACTION` after its
+/// deadline is late: counted by the engine, and flagged on every output it
+/// produces so each session counts its own late frames.
+const LATE_TICK_FRACTION: u32 = 4;
 
 /// Called once per tick with the tick's start (the systemd watchdog hangs here).
 pub type TickHook = Box<dyn FnMut(Instant) + Send>;
@@ -146,9 +153,11 @@ impl Engine {
             let mut late = false;
             if now < deadline {
                 std::thread::sleep(deadline - now);
-            } else if now - deadline > period {
+            } else if now - deadline > period / LATE_TICK_FRACTION {
                 self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
                 late = true;
+            }
+            if now > deadline && now - deadline > period {
                 let behind = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
                 // Keep the group rotation: jump to the next tick of the same phase.
                 tick += (behind - tick) / groups * groups;
@@ -162,7 +171,9 @@ impl Engine {
             if let Some(hook) = self.on_tick.as_mut() {
                 hook(Instant::now());
             }
+            self.out.late = late;
             self.tick_with((tick % groups) as u8, metrics_on);
+            self.out.late = false;
             tick += 1;
         }
         self.drain_lanes(false);

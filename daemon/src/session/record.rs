@@ -73,6 +73,8 @@ pub struct SessionRecord {
     pub text_tokens: u64,
     /// Frames dropped (engine queue or lane full).
     pub frames_dropped: u64,
+    /// Frames stepped by a late engine tick.
+    pub late_frames: u64,
     /// How it ended (set once).
     pub end_reason: Option<EndReason>,
     /// Length in milliseconds (set at the end).
@@ -92,6 +94,7 @@ impl SessionRecord {
             frames_out: 0,
             text_tokens: 0,
             frames_dropped: 0,
+            late_frames: 0,
             end_reason: None,
             duration_ms: 0,
             started: Some(Instant::now()),
@@ -131,7 +134,7 @@ impl SessionRecord {
             _ => String::new(),
         };
         eprintln!(
-            "<6>session end id={} transport={} slot={} frames_in={} frames_out={} text_tokens={} dropped={} duration_ms={} reason={}{}",
+            "<6>session end id={} transport={} slot={} frames_in={} frames_out={} text_tokens={} dropped={} late={} duration_ms={} reason={}{}",
             self.id,
             self.transport,
             self.slot.map_or("-".to_string(), |s| s.to_string()),
@@ -139,6 +142,7 @@ impl SessionRecord {
             self.frames_out,
             self.text_tokens,
             self.frames_dropped,
+            self.late_frames,
             self.duration_ms,
             reason.map_or("unknown", EndReason::label),
             detail

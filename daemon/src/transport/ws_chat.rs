@@ -464,6 +464,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         let mut unrecorded_send: Option<Duration> = None;
         while self.mailbox.take(&mut self.buf.record) {
             self.in_flight = self.in_flight.saturating_sub(1);
+            if self.buf.record.late {
+                self.rec.late_frames += 1;
+            }
             match self.buf.record.kind {
                 FromEngineKind::NoOutputYet => {}
                 FromEngineKind::Dropped => self.rec.frames_dropped += 1,

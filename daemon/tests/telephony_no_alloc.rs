@@ -1,0 +1,157 @@
+//! Hot-path discipline of the AudioSocket and Media Streams transports:
+//! after construction, the per-packet work never touches the Rust
+//! allocator (counted by a global allocator wrapper, per thread) — framing,
+//! line audio in and out, the packet queue, parsing a `media` event,
+//! base64 both ways, and building an outgoing event in the reusable
+//! `BytesMut` whose bytes are handed off and reclaimed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use base64::Engine;
+use moshid::telephony::g711::Law;
+use moshid::transport::audiosocket::line::{LineCodec, LineIn, LineOut};
+use moshid::transport::audiosocket::protocol;
+use moshid::transport::media_streams::events;
+use moshid::FRAME_SAMPLES;
+
+struct CountingAllocator;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.with(Cell::get) {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the only
+// addition is a counter update, which does not allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+fn count_allocations(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(Cell::get);
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn audiosocket_packets_do_not_allocate() {
+    let mut input = LineIn::new(LineCodec::SlinLe, 8_000).unwrap();
+    let mut output = LineOut::new(LineCodec::SlinLe, 8_000, 40).unwrap();
+    let mut frame = Box::new([0f32; FRAME_SAMPLES]);
+    let answer = Box::new([0.1f32; FRAME_SAMPLES]);
+    let mut wire = vec![0u8; 3 + 320];
+    protocol::write_header(&mut wire, 0x10, 320);
+    for (i, b) in wire[3..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let mut tx = vec![0u8; 3 + 320];
+    let mut round = |input: &mut LineIn, output: &mut LineOut| {
+        let mut frames = 0;
+        for _ in 0..4 {
+            let (frame_msg, used) = protocol::parse(&wire, 8192).unwrap().unwrap();
+            assert_eq!(used, wire.len());
+            let protocol::Frame::Audio { payload, .. } = frame_msg else {
+                panic!("audio expected")
+            };
+            input.push(payload, 1, &mut frame, |_| frames += 1);
+        }
+        assert_eq!(frames, 1);
+        output.push_frame(&answer);
+        for _ in 0..4 {
+            protocol::write_header(&mut tx, 0x10, 320);
+            let p = output.front().unwrap();
+            tx[3..].copy_from_slice(p);
+            output.pop();
+        }
+        output.silence(&mut tx[3..]);
+    };
+    // Warm-up (the resamplers' first calls).
+    round(&mut input, &mut output);
+    let n = count_allocations(|| {
+        for _ in 0..50 {
+            round(&mut input, &mut output);
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "allocations in 50 model frames of AudioSocket traffic"
+    );
+}
+
+#[test]
+fn media_stream_events_do_not_allocate() {
+    let mut input = LineIn::new(LineCodec::G711(Law::Mu), 8_000).unwrap();
+    let mut output = LineOut::new(LineCodec::G711(Law::Mu), 8_000, 40).unwrap();
+    let mut frame = Box::new([0f32; FRAME_SAMPLES]);
+    let answer = Box::new([0.1f32; FRAME_SAMPLES]);
+    let payload = events::BASE64.encode([0x55u8; 160]);
+    let text = format!(
+        r#"{{"event":"media","sequenceNumber":"3","media":{{"track":"inbound","chunk":"1","timestamp":"5","payload":"{payload}"}},"streamSid":"MZ1"}}"#
+    );
+    let mut pending = vec![0u8; 48 * 1024];
+    let mut out = bytes::BytesMut::with_capacity(4096);
+    let mut round = |input: &mut LineIn, output: &mut LineOut| {
+        let mut frames = 0;
+        for _ in 0..4 {
+            let e = events::parse(&text).unwrap();
+            assert_eq!(e.event.as_str(), "media");
+            let media = e.media.unwrap();
+            let n = events::BASE64
+                .decode_slice(media.payload.as_str(), &mut pending)
+                .unwrap();
+            input.push(&pending[..n], 1, &mut frame, |_| frames += 1);
+        }
+        assert_eq!(frames, 1);
+        output.push_frame(&answer);
+        for seq in 0..4 {
+            out.reserve(4096);
+            events::write_media(&mut out, seq, "MZ1", seq, seq * 20, output.front().unwrap());
+            output.pop();
+            let message = tungstenite::Utf8Bytes::try_from(out.split()).unwrap();
+            // The WebSocket copies the frame into its write buffer and drops it.
+            assert!(message.len() > 200);
+            drop(message);
+        }
+    };
+    round(&mut input, &mut output);
+    round(&mut input, &mut output);
+    let n = count_allocations(|| {
+        for _ in 0..50 {
+            round(&mut input, &mut output);
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "allocations in 50 model frames of Media Streams traffic"
+    );
+}
