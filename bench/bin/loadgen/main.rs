@@ -692,6 +692,20 @@ fn print_summary(r: &Report) {
     for s in &r.steps {
         println!("{}", step_line(s));
     }
+    if let Some(s) = r
+        .largest_streams_held
+        .and_then(|h| r.steps.iter().find(|s| s.streams == h))
+    {
+        println!(
+            "at N={}: daemon {} ms per stream-second = {}x bare Opus; without its engine \
+             thread {} = {}x",
+            s.streams,
+            fmt_opt(s.cpu_ms_per_stream_s, 2),
+            fmt_opt(s.ratio_to_bare_opus, 2),
+            fmt_opt(s.cpu_ms_per_stream_s_excl_engine, 2),
+            fmt_opt(s.ratio_to_bare_opus_excl_engine, 2),
+        );
+    }
     match (r.largest_streams_held, r.first_streams_broken) {
         (Some(h), Some(b)) => println!("largest N that held: {h} (broke at {b})"),
         (Some(h), None) => println!("largest N that held: {h} (nothing broke)"),

@@ -8,7 +8,8 @@
 //! - `latency_vs_streams.svg`: p50 / p90 / p99 / max added latency per N,
 //!   with the budget.
 //! - `cpu_per_stream.svg`: the daemon's CPU per stream-second per N (gross,
-//!   and net of what it burns idle), with the bare-Opus floor and 1.3× it.
+//!   net of what it burns idle, and without its engine thread, i.e. around
+//!   the model), with the bare-Opus floors and 1.3× the one the ratios use.
 //! - `batch_over_time.svg`: mean engine batch (frames stepped per step
 //!   between two polls of `/capacity`), active sessions and the step's N
 //!   over the run.
@@ -172,10 +173,14 @@ const SERIES: [RGBColor; 4] = [
     RGBColor(100, 100, 100),
 ];
 
-const REFERENCES: [RGBColor; 2] = [RGBColor(0, 0, 0), RGBColor(255, 127, 14)];
+const REFERENCES: [RGBColor; 3] = [
+    RGBColor(0, 0, 0),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+];
 
 /// Draws `series` (name, points) as lines (with dots if `dots`), and
-/// horizontal reference lines (name, y) in black and orange.
+/// horizontal reference lines (name, y) in black, orange and purple.
 fn line_chart(
     path: &Path,
     title: &str,
@@ -325,10 +330,18 @@ pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<St
                 "daemon (net of idle)",
                 cpu(|s| s.cpu_ms_per_stream_s_net_idle),
             ),
+            (
+                "daemon without its engine thread (model step)",
+                cpu(|s| s.cpu_ms_per_stream_s_excl_engine),
+            ),
         ],
         &[
-            ("bare Opus decode+encode", floor),
-            ("1.3 x bare Opus", 1.3 * floor),
+            ("bare Opus: decode sent + encode answers", floor),
+            ("1.3 x that", 1.3 * floor),
+            (
+                "bare Opus: sent audio both ways",
+                report.opus_floor_sent_audio.total_ms_per_stream_s,
+            ),
         ],
         true,
     )?;

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Files: [`protocol`] (framing, kinds, error codes; pure), [`session`] (one
-//! call), [`line`] (line audio ↔ model frames, the packet queue and the
+//! call), [`line`](mod@line) (line audio ↔ model frames, the packet queue and the
 //! pacer) and [`link`] (the engine side) — the last two are shared with
 //! the Media Streams transport.
 //!

@@ -301,6 +301,13 @@ impl Call {
             if let Err(reason) = self.send_due(now).await {
                 return reason;
             }
+            if matches!(input, Input::Blocked) {
+                // Sent packets make room too.
+                input = match self.take_input(max_payload, now) {
+                    Ok(i) => i,
+                    Err(reason) => return reason,
+                };
+            }
             if self.link.mailbox.shutdown_requested() {
                 return EndReason::ServerShutdown;
             }

@@ -309,6 +309,10 @@ impl Stream {
             if let Err(reason) = self.echo_marks().await {
                 return reason;
             }
+            // Sent packets make room too.
+            if let Err(reason) = self.take_pending() {
+                return reason;
+            }
             if self.link.mailbox.shutdown_requested() {
                 return EndReason::ServerShutdown;
             }

@@ -3,19 +3,22 @@
 //!
 //! The engine answers each frame right after the step of the session's
 //! group, so an answer that arrives at `t` says the group ticked at about
-//! `t − step` (the engine's predicted step time). The clock aims each
-//! release [`RELEASE_LEAD`] before that tick: the frame is in the engine's
-//! queue when the tick drains it, and waits there as little as possible
-//! (the DESIGN's "frame cut aligned to the group's tick"). Estimates only
-//! err late (scheduling delays add to arrival times), so the clock takes
-//! the earliest of a window of [`WINDOW`] answers and corrects its phase
-//! when that differs by over [`DEADBAND`]. The first answer locks the
-//! phase at once.
+//! `t − step` (the engine's predicted step time), and the frames still in
+//! flight after it are queued for the following ticks, one each. The next
+//! frame is therefore due [`RELEASE_LEAD`] before the tick after those:
+//! `tick + (1 + in_flight) · period − lead`. Releasing then puts the frame
+//! in the engine's queue just before the tick that drains it (the DESIGN's
+//! "frame cut aligned to the group's tick"), and never stacks two frames on
+//! one tick — a backlog drains instead of standing. Estimates only err late
+//! (scheduling delays add to arrival times), so the clock takes the
+//! earliest of a window of [`WINDOW`] answers and corrects its schedule
+//! when that differs by over [`DEADBAND`]. The first answer sets the phase
+//! at once.
 //!
-//! Invariants: deadlines are `origin + n · period` (no drift); a wake-up
-//! later than one period skips the missed deadlines (counted) rather than
-//! releasing a burst; a phase correction moves the next deadline by less
-//! than half a period, so no tick gets two releases from one correction.
+//! Invariants: deadlines are `origin + n · period` between corrections (no
+//! drift); a wake-up later than one period skips the missed deadlines
+//! (counted) rather than releasing a burst; after a correction the next
+//! release is aimed at a tick no frame in flight will take.
 
 use std::time::{Duration, Instant};
 
@@ -81,20 +84,16 @@ impl ReleaseClock {
         skipped
     }
 
-    /// The engine answered a frame at `arrival`; its step takes about `step`.
-    pub fn observe(&mut self, arrival: Instant, step: Duration) {
+    /// The engine answered a frame at `arrival`; its step takes about
+    /// `step`; `in_flight` frames are still unanswered after it.
+    pub fn observe(&mut self, arrival: Instant, step: Duration, in_flight: usize) {
         let Some(tick) = arrival.checked_sub(step) else {
             return;
         };
-        let Some(aim) = tick.checked_sub(RELEASE_LEAD) else {
+        let Some(aim) = (tick + PERIOD * (1 + in_flight as u32)).checked_sub(RELEASE_LEAD) else {
             return;
         };
-        let p = PERIOD.as_nanos() as i64;
-        let mut off = signed_ns(aim, self.next).rem_euclid(p);
-        if off > p / 2 {
-            off -= p;
-        }
-        self.offsets_ns[self.count] = off;
+        self.offsets_ns[self.count] = signed_ns(aim, self.next);
         self.count += 1;
         if self.locked && self.count < WINDOW {
             return;
@@ -131,22 +130,85 @@ mod tests {
         assert_eq!(c.next(), t0 + PERIOD * 4);
     }
 
-    #[test]
-    fn locks_to_the_tick_and_keeps_the_earliest_estimate() {
+    /// A simulated engine (ticks every 80 ms at `phase_ms`, one queued frame
+    /// stepped per tick, answers `step` later plus noise) driven by the
+    /// clock from an arbitrary start.
+    fn simulate(phase_ms: u64, first_release_ms: u64) -> (Vec<usize>, Vec<f64>) {
         let t0 = Instant::now();
-        let mut c = ReleaseClock::new(t0 + Duration::from_millis(30));
-        // The group ticks at t0 + 80 n; steps take 5 ms; answers arrive 5 ms
-        // after the tick plus scheduling noise.
-        let step = Duration::from_millis(5);
-        c.observe(t0 + Duration::from_millis(5), step);
-        let aim = t0 + PERIOD - RELEASE_LEAD;
-        let err = signed_ns(c.next(), t0).rem_euclid(PERIOD.as_nanos() as i64) - signed_ns(aim, t0);
-        assert!(err.abs() < 1_000, "{err} ns");
-        // Noisy answers (late by up to 7 ms) do not move it.
-        for n in 1..=8u32 {
-            let noise = Duration::from_millis((n % 4 * 2) as u64);
-            c.observe(t0 + PERIOD * n + step + noise, step);
+        let ms = |m: f64| t0 + Duration::from_secs_f64(m / 1000.0);
+        let step = Duration::from_millis(3);
+        let mut clock = ReleaseClock::new(ms(first_release_ms as f64));
+        let mut queue: Vec<Instant> = Vec::new();
+        let mut in_flight = 0usize;
+        let mut answers: Vec<(Instant, Instant)> = Vec::new();
+        let (mut queued_at_tick, mut waits) = (Vec::new(), Vec::new());
+        let mut tick = ms(phase_ms as f64);
+        for n in 0..60u64 {
+            // Releases due before this tick.
+            while clock.next() <= tick {
+                let at = clock.next();
+                // Answers that arrived before this release are seen first.
+                answers.sort();
+                while answers.first().is_some_and(|a| a.0 <= at) {
+                    let (arrival, _) = answers.remove(0);
+                    in_flight -= 1;
+                    clock.observe(arrival, step, in_flight);
+                }
+                if clock.next() > tick {
+                    break;
+                }
+                clock.advance(at);
+                queue.push(at);
+                in_flight += 1;
+            }
+            queued_at_tick.push(queue.len());
+            if !queue.is_empty() {
+                let released = queue.remove(0);
+                let noise = Duration::from_micros((n * 1_777) % 4_000);
+                let arrival = tick + step + noise;
+                waits.push((arrival - released).as_secs_f64() * 1000.0);
+                answers.push((arrival, released));
+            }
+            tick += PERIOD;
         }
-        assert_eq!(c.corrections(), 1);
+        (queued_at_tick, waits)
+    }
+
+    #[test]
+    fn one_frame_per_tick_and_no_standing_backlog_from_any_start() {
+        for phase in (0..80).step_by(7) {
+            for first in [0u64, 1, 39, 41, 79, 85, 150] {
+                let (queued, waits) = simulate(phase, first);
+                let steady = &queued[5..];
+                assert!(
+                    steady.iter().all(|&q| q == 1),
+                    "phase {phase}, first {first}: frames queued at each tick {queued:?}"
+                );
+                // Released RELEASE_LEAD (within the deadband) before the tick,
+                // answered after the step and its noise.
+                let tail = &waits[waits.len() - 20..];
+                assert!(
+                    tail.iter().all(|&w| (10.5..=18.0).contains(&w)),
+                    "phase {phase}, first {first}: waits {tail:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn noisy_answers_do_not_move_a_locked_clock() {
+        let t0 = Instant::now();
+        let step = Duration::from_millis(5);
+        let mut c = ReleaseClock::new(t0 + Duration::from_millis(70));
+        c.observe(t0 + step, step, 0);
+        assert_eq!(c.next(), t0 + PERIOD - RELEASE_LEAD);
+        assert_eq!(c.corrections(), 0);
+        for n in 1..=16u32 {
+            c.advance(c.next());
+            let noise = Duration::from_millis((n % 4 * 2) as u64);
+            c.observe(t0 + PERIOD * n + step + noise, step, 0);
+        }
+        assert_eq!(c.corrections(), 0);
+        assert_eq!(c.next(), t0 + PERIOD * 17 - RELEASE_LEAD);
     }
 }

@@ -501,7 +501,7 @@ impl Session {
                 let batch = engine.open_slots.load(Ordering::Relaxed).max(1) as usize;
                 let step =
                     Duration::from_secs_f64(engine.step_times.predict_ms(batch).max(0.0) / 1000.0);
-                clock.observe(t, step);
+                clock.observe(t, step, self.in_flight);
             }
         }
         None
