@@ -479,6 +479,9 @@ impl Session {
             self.in_flight = self.in_flight.saturating_sub(1);
             self.last_progress = t;
             self.c.frames_answered += 1;
+            if self.record.late {
+                self.rec.late_frames += 1;
+            }
             match self.record.kind {
                 FromEngineKind::Fault => return Some(EndReason::ModelFault),
                 FromEngineKind::Dropped => {
