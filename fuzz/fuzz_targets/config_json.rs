@@ -8,12 +8,16 @@ use libfuzzer_sys::fuzz_target;
 use moshid::config::Config;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(cfg) = serde_json::from_slice::<Config>(data) else { return };
+    let Ok(cfg) = serde_json::from_slice::<Config>(data) else {
+        return;
+    };
     if cfg.validate().is_err() {
         return;
     }
     let _ = cfg.lane_capacity_frames();
     let text = serde_json::to_string(&cfg).expect("a config serializes");
     let again: Config = serde_json::from_str(&text).expect("a serialized config parses");
-    again.validate().expect("a valid config stays valid after a round trip");
+    again
+        .validate()
+        .expect("a valid config stays valid after a round trip");
 });

@@ -22,7 +22,11 @@ struct Reader<'a> {
 }
 
 impl AsyncRead for Reader<'_> {
-    fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
         let Some(chunk) = self.chunks.get(self.next).copied() else {
             return Poll::Ready(Ok(0));
         };
@@ -40,7 +44,11 @@ impl AsyncRead for Reader<'_> {
 }
 
 impl AsyncWrite for Reader<'_> {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Poll::Ready(Ok(buf.len()))
     }
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -69,7 +77,11 @@ fuzz_target!(|data: &[u8]| {
     assert!(reader.delivered.len() <= limits.max_head_bytes);
     let Ok(head) = result else { return };
     assert!(buf.len() <= reader.delivered.len());
-    assert_eq!(&reader.delivered[reader.delivered.len() - buf.len()..], &buf[..], "bytes after the head lost");
+    assert_eq!(
+        &reader.delivered[reader.delivered.len() - buf.len()..],
+        &buf[..],
+        "bytes after the head lost"
+    );
     let _ = head.query_pairs();
     let _ = head.is_websocket_upgrade();
     let _ = head.bearer_token();
@@ -77,7 +89,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = head.expects_continue();
     let _ = head.header("host");
     let _ = moshid::http::websocket_accept_key(&head);
-    if let Ok(body) = futures_lite::future::block_on(read_body(&mut reader, &head, &mut buf, &limits)) {
+    if let Ok(body) =
+        futures_lite::future::block_on(read_body(&mut reader, &head, &mut buf, &limits))
+    {
         assert!(body.len() <= limits.max_body_bytes);
         assert_eq!(Some(body.len() as u64), head.content_length.or(Some(0)));
     }

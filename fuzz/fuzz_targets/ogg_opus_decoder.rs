@@ -12,7 +12,9 @@ use moshid::codec::{DecoderConfig, OggOpusDecoder, MAX_PACKET_SAMPLES};
 use moshid_fuzz::{chunks, fix_ogg_crcs};
 
 fuzz_target!(|data: &[u8]| {
-    let [flags, seed, stream @ ..] = data else { return };
+    let [flags, seed, stream @ ..] = data else {
+        return;
+    };
     let mut stream = stream.to_vec();
     if flags & 1 != 0 {
         fix_ogg_crcs(&mut stream);
@@ -31,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(dec.buffered_bytes() <= config.max_buffered_bytes);
         loop {
             match dec.next_pcm() {
-                Ok(Some(pcm)) => assert!(pcm.len() <= MAX_PACKET_SAMPLES, "{} samples in one packet", pcm.len()),
+                Ok(Some(pcm)) => assert!(
+                    pcm.len() <= MAX_PACKET_SAMPLES,
+                    "{} samples in one packet",
+                    pcm.len()
+                ),
                 Ok(None) => break,
                 Err(_) => return,
             }

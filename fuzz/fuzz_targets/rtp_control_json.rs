@@ -12,7 +12,9 @@ use moshid::session::params::{session_params, ModelInfo};
 use moshid::transport::rtp::control::CreateRequest;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(req) = serde_json::from_slice::<CreateRequest>(data) else { return };
+    let Ok(req) = serde_json::from_slice::<CreateRequest>(data) else {
+        return;
+    };
     if let Ok(spec) = req.spec() {
         assert!(spec.payload_type < 128);
         if let Some(d) = spec.dtmf_payload_type {

@@ -23,7 +23,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(e.volume <= 63);
         assert!(e.duration_ms as u64 <= u16::MAX as u64 * 1000 / 8000 + 1);
         if let Some(prev) = last {
-            assert!(prev.rtp_timestamp != e.rtp_timestamp || !prev.ended, "digit at {} reported twice in a row", e.rtp_timestamp);
+            assert!(
+                prev.rtp_timestamp != e.rtp_timestamp || !prev.ended,
+                "digit at {} reported twice in a row",
+                e.rtp_timestamp
+            );
         }
         last = Some(e);
     };

@@ -11,20 +11,29 @@ use moshid::http::parse_query;
 use moshid::session::params::{session_params, ModelInfo};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(query) = std::str::from_utf8(data) else { return };
-    let Ok(pairs) = parse_query(query) else { return };
+    let Ok(query) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(pairs) = parse_query(query) else {
+        return;
+    };
     assert!(pairs.len() <= moshid::http::MAX_QUERY_PARAMS);
     let defaults = GenDefaults::default();
     let models = [
         ModelInfo::default(),
         ModelInfo {
-            conditioners: vec![("description".into(), vec!["very_good".into(), "very_bad".into()])],
+            conditioners: vec![(
+                "description".into(),
+                vec!["very_good".into(), "very_bad".into()],
+            )],
             is_hibiki: true,
             ..ModelInfo::default()
         },
     ];
     for model in &models {
-        let Ok(p) = session_params(&pairs, &defaults, model) else { continue };
+        let Ok(p) = session_params(&pairs, &defaults, model) else {
+            continue;
+        };
         let g = &p.gen;
         for t in [g.temp, g.temp_text] {
             assert!((0.0..=10.0).contains(&t), "temperature {t}");
@@ -32,9 +41,17 @@ fuzz_target!(|data: &[u8]| {
         for k in [g.top_k, g.top_k_text] {
             assert!((1..=1_000_000).contains(&k), "top-k {k}");
         }
-        assert!((0.0..=100.0).contains(&g.cfg_coef), "cfg_coef {}", g.cfg_coef);
+        assert!(
+            (0.0..=100.0).contains(&g.cfg_coef),
+            "cfg_coef {}",
+            g.cfg_coef
+        );
         for (name, value) in g.conditions.iter().chain(&g.null_conditions) {
-            let (_, values) = model.conditioners.iter().find(|(n, _)| n == name).expect("known conditioner");
+            let (_, values) = model
+                .conditioners
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("known conditioner");
             assert!(values.contains(value));
         }
     }

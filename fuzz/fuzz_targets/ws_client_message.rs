@@ -9,7 +9,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::codec::{DecoderConfig, FrameCutter, OggOpusDecoder, FRAME_SAMPLES, MAX_PACKET_SAMPLES};
+use moshid::codec::{
+    DecoderConfig, FrameCutter, OggOpusDecoder, FRAME_SAMPLES, MAX_PACKET_SAMPLES,
+};
 use moshid::transport::ws_chat::{parse_client_message, ClientMessage};
 use moshid_fuzz::{fix_ogg_crcs, messages};
 
