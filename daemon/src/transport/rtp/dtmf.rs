@@ -98,8 +98,13 @@ impl DtmfDetector {
         if payload.len() < 4 {
             return Err(DtmfError);
         }
-        if self.reported_ts == Some(timestamp) {
-            return Ok(());
+        // Events are ordered by their RTP timestamp (serial arithmetic): a
+        // packet of an event at or before the last reported one is a repeat
+        // or a straggler (a late end of a digit already reported).
+        if let Some(reported) = self.reported_ts {
+            if (timestamp.wrapping_sub(reported) as i32) <= 0 {
+                return Ok(());
+            }
         }
         let c = Current {
             ts: timestamp,
@@ -111,6 +116,7 @@ impl DtmfDetector {
         if let Some(prev) = self.current {
             if prev.ts != timestamp {
                 report(self.event(prev, false));
+                self.reported_ts = Some(prev.ts);
                 self.current = None;
             }
         }
@@ -122,6 +128,13 @@ impl DtmfDetector {
             self.current = Some(c);
         }
         Ok(())
+    }
+
+    /// A new RTP stream (SSRC change): its timestamps start anywhere, so the
+    /// order of the old stream's events means nothing for it.
+    pub fn restart(&mut self, report: impl FnMut(DtmfEvent)) {
+        self.flush(report);
+        self.reported_ts = None;
     }
 
     /// Reports an event still running (the session ends).
@@ -180,5 +193,24 @@ mod tests {
         d.flush(|e| got.push(e));
         assert_eq!(got[1].digit, '*');
         assert!(d.on_packet(1, &[1, 2], |_| {}).is_err());
+    }
+
+    #[test]
+    fn a_late_end_of_an_earlier_digit_is_not_reported_again() {
+        let mut d = DtmfDetector::new(8000);
+        let mut got = Vec::new();
+        d.on_packet(1000, &pkt(1, false, 160), |e| got.push(e.digit))
+            .unwrap();
+        // Digit B starts before A's end arrived: A is reported as inferred.
+        d.on_packet(2000, &pkt(2, false, 160), |e| got.push(e.digit))
+            .unwrap();
+        d.on_packet(2000, &pkt(2, true, 800), |e| got.push(e.digit))
+            .unwrap();
+        // A's end packet turns up late, then again (ends are repeated).
+        for _ in 0..3 {
+            d.on_packet(1000, &pkt(1, true, 800), |e| got.push(e.digit))
+                .unwrap();
+        }
+        assert_eq!(got, vec!['1', '2']);
     }
 }

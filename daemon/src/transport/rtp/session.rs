@@ -180,6 +180,11 @@ impl Inbound {
             if self.jitter.stats().ssrc_changes != before {
                 self.handle
                     .push_event(RtpEvent::SsrcChanged { ssrc: pkt.ssrc });
+                let (handle, count) = (&self.handle, &mut self.dtmf_events);
+                self.dtmf.restart(|e| {
+                    *count += 1;
+                    handle.push_event(RtpEvent::Dtmf(e));
+                });
             }
         } else if Some(pkt.payload_type) == self.dtmf_payload_type {
             self.dtmf_packets += 1;
