@@ -44,3 +44,30 @@ impl StreamingModel for ZeroCostModel {
         Ok(())
     }
 }
+
+/// Admits `streams` sessions and sends their open records through `port`,
+/// as an I/O core does; the engine opens them at its next tick. For benches
+/// that drive [`moshid::engine::thread::Engine::tick`] directly.
+pub fn open_slots(
+    shared: &moshid::engine::EngineShared,
+    port: &mut moshid::engine::CorePort,
+    streams: usize,
+) -> Vec<moshid::engine::admission::Ticket> {
+    use moshid::engine::records::{ToEngine, ToEngineKind};
+    let mut rec = Box::<ToEngine>::default();
+    rec.kind = ToEngineKind::Open;
+    (0..streams)
+        .map(|_| {
+            let t = shared
+                .admission()
+                .admit(SessionParams::default(), &shared.step_times, f64::INFINITY)
+                .expect("a zero-cost model admits every slot");
+            rec.slot = t.slot;
+            rec.generation = t.generation;
+            port.to_engine
+                .try_push(&rec)
+                .expect("lane sized for every slot");
+            t
+        })
+        .collect()
+}

@@ -9,7 +9,6 @@ use moshid::engine::records::{FromEngine, ToEngine, ToEngineKind};
 use moshid::engine::thread::Engine;
 use moshid::engine::{core_links, EngineShared};
 use moshid_bench::ZeroCostModel;
-use moshid_model::streaming::SessionParams;
 use std::sync::Arc;
 
 fn bench_tick(c: &mut Criterion) {
@@ -27,20 +26,7 @@ fn bench_tick(c: &mut Criterion) {
         engine.warm_up();
         let port = &mut ports[0];
         let mut rec = ToEngine::default();
-        let mut tickets = Vec::new();
-        for _ in 0..streams {
-            let t = shared
-                .admission()
-                .admit(SessionParams::default(), &shared.step_times, f64::INFINITY)
-                .expect("a zero-cost model admits every slot");
-            rec.kind = ToEngineKind::Open;
-            rec.slot = t.slot;
-            rec.generation = t.generation;
-            port.to_engine
-                .try_push(&rec)
-                .expect("lane sized for every slot");
-            tickets.push(t);
-        }
+        let tickets = moshid_bench::open_slots(&shared, port, streams);
         engine.tick(0);
         port.from_engine.drain(|_: &FromEngine| {});
         rec.kind = ToEngineKind::Frame;

@@ -24,7 +24,6 @@ use moshid::engine::thread::Engine;
 use moshid::engine::{core_links, CorePort, EngineShared};
 use moshid::metrics::{Owner, Stage, StageRecorder};
 use moshid_bench::ZeroCostModel;
-use moshid_model::streaming::SessionParams;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,17 +94,7 @@ impl Load {
         let mut port = ports.remove(0);
         let mut rec = Box::<ToEngine>::default();
         let mut list = Vec::new();
-        for _ in 0..streams {
-            let t = shared
-                .admission()
-                .admit(SessionParams::default(), &shared.step_times, f64::INFINITY)
-                .expect("a zero-cost model admits every slot");
-            rec.kind = ToEngineKind::Open;
-            rec.slot = t.slot;
-            rec.generation = t.generation;
-            port.to_engine
-                .try_push(&rec)
-                .expect("lane sized for every slot");
+        for t in moshid_bench::open_slots(&shared, &mut port, streams) {
             let encoder = OggOpusEncoder::new(EncoderConfig::default()).expect("encoder");
             let decoder = OggOpusDecoder::new(DecoderConfig {
                 trim_pre_skip: false,
