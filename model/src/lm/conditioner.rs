@@ -59,6 +59,22 @@ impl Lut {
     }
 
     /// The conditioner's name.
+    /// Deterministic random weights of `c`'s shapes (uniform, ±1/√dim).
+    pub(crate) fn random(c: &LutConditionerConfig, seed: u64) -> Self {
+        let mut x = seed ^ 0x5eed_c0de;
+        let scale = 1.0 / (c.dim as f32).sqrt();
+        let mut next = move || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        };
+        Lut {
+            embed: (0..(c.n_bins + 1) * c.dim).map(|_| next()).collect(),
+            output_proj: (0..c.output_dim * c.dim).map(|_| next()).collect(),
+            learnt_padding: (0..c.output_dim).map(|_| next()).collect(),
+            cfg: c.clone(),
+        }
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.cfg.name
     }

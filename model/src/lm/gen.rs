@@ -67,6 +67,8 @@ struct Scratch {
     cand: Vec<(f64, u32)>,
     stack: StackScratch,
     cond_tmp: Vec<f32>,
+    /// The unused guidance vector of a model without guidance rows.
+    null_tmp: Vec<f32>,
     dep_kv: Vec<f32>,
 }
 
@@ -99,22 +101,10 @@ impl LmState {
     }
 }
 
-fn check_finite(name: &'static str, v: f32) -> Result<(), ParamError> {
-    if v.is_finite() {
-        Ok(())
-    } else {
-        Err(ParamError::NotFinite(name, v))
-    }
-}
-
 impl Lm {
     /// Rows per slot: two when the model has conditioners (guidance possible).
     fn rows_per_slot(&self) -> usize {
-        if self.conditioners.is_empty() {
-            1
-        } else {
-            2
-        }
+        self.conditioning.rows_per_slot()
     }
 
     fn cache_len(&self) -> usize {
@@ -162,6 +152,7 @@ impl Lm {
                 &[self.temporal.shape(), self.depformer.stack().shape()],
             ),
             cond_tmp: vec![0.0; cfg.dim],
+            null_tmp: vec![0.0; cfg.dim],
             dep_kv: vec![0.0; rows * self.depformer.stack().kv_row_len()],
         };
         let mut st = LmState {
@@ -180,31 +171,6 @@ impl Lm {
         st
     }
 
-    /// Value ids of each conditioner (fuser order) for a condition list.
-    fn resolve(&self, list: &[(String, String)]) -> Result<Vec<Option<usize>>, ParamError> {
-        let mut ids = vec![None; self.conditioners.len()];
-        for (name, value) in list {
-            let i = self
-                .conditioners
-                .iter()
-                .position(|c| c.name() == name)
-                .ok_or_else(|| {
-                    ParamError::UnknownCondition(
-                        name.clone(),
-                        self.conditioners
-                            .iter()
-                            .map(|c| c.name().to_string())
-                            .collect(),
-                    )
-                })?;
-            if ids[i].is_some() {
-                return Err(ParamError::DuplicateCondition(name.clone()));
-            }
-            ids[i] = Some(self.conditioners[i].index_of(value)?);
-        }
-        Ok(ids)
-    }
-
     /// Starts a new stream in `slot` with `params`. The slot is then exactly
     /// as a slot of a fresh state; on error the slot is left as it was.
     pub fn reset_slot(
@@ -219,50 +185,27 @@ impl Lm {
                 max_slots: state.max_slots,
             });
         }
-        check_finite("temp", params.temp)?;
-        check_finite("temp_text", params.temp_text)?;
-        check_finite("cfg_coef", params.cfg_coef)?;
-        let cfg_on = params.cfg_coef != 1.0;
-        if cfg_on && self.conditioners.is_empty() {
-            return Err(ParamError::CfgWithoutConditioners(params.cfg_coef));
-        }
-        let cond_ids = self.resolve(&params.conditions)?;
-        let null_ids = self.resolve(&params.null_conditions)?;
-
         let d = self.cfg.dim;
         let rps = state.rows_per_slot;
-        if !self.conditioners.is_empty() {
-            for (j, ids) in [&cond_ids, &null_ids].into_iter().enumerate().take(rps) {
-                let row = slot * rps + j;
-                let y = &mut state.cond[row * d..(row + 1) * d];
-                for (i, (c, id)) in self.conditioners.iter().zip(ids).enumerate() {
-                    if i == 0 {
-                        c.condition(*id, y);
-                    } else {
-                        let t = &mut state.sc.cond_tmp;
-                        c.condition(*id, t);
-                        for (o, v) in y.iter_mut().zip(t.iter()) {
-                            *o += v;
-                        }
-                    }
-                }
-            }
-        }
+        let row = slot * rps;
+        // The guidance row exists only when the model has conditioners; its
+        // vector is computed into the scratch otherwise and dropped.
+        let (cond, null) = state.cond[row * d..(row + rps) * d].split_at_mut(d);
+        let null: &mut [f32] = if null.is_empty() {
+            &mut state.sc.null_tmp
+        } else {
+            null
+        };
+        let setup = self
+            .conditioning
+            .prepare(params, cond, null, &mut state.sc.cond_tmp)?;
         let s = &mut state.slots[slot];
         s.offset = 0;
         s.cache.fill(UNGENERATED);
-        s.cfg_coef = cfg_on.then_some(params.cfg_coef);
-        s.text = Sampler {
-            use_sampling: params.use_sampling,
-            temp: params.temp_text,
-            top_k: params.top_k_text,
-        };
-        s.audio = Sampler {
-            use_sampling: params.use_sampling,
-            temp: params.temp,
-            top_k: params.top_k,
-        };
-        s.rng = slot_rng(params.seed);
+        s.cfg_coef = setup.cfg_coef;
+        s.text = setup.text;
+        s.audio = setup.audio;
+        s.rng = slot_rng(setup.seed);
         Ok(())
     }
 
@@ -362,7 +305,7 @@ impl Lm {
             for (o, v) in xr.iter_mut().zip(self.text_emb.row(toks[0])) {
                 *o += v;
             }
-            if !self.conditioners.is_empty() {
+            if !self.conditioning.is_empty() {
                 let c = &state.cond[row.kv_row * dim..(row.kv_row + 1) * dim];
                 for (o, v) in xr.iter_mut().zip(c) {
                     *o += v;

@@ -42,14 +42,15 @@ mod embeddings;
 mod gen;
 mod linear;
 mod sampling;
+mod setup;
 mod transformer;
 
 pub use gen::LmState;
 pub use sampling::{sample_top_k, slot_rng, Sampler, SlotRng};
+pub use setup::{Conditioning, SlotSetup};
 
 use crate::config::{LmConfig, ModelType};
 use crate::weights::{CheckpointError, TensorSpec, Weights};
-use conditioner::Lut;
 use depformer::Depformer;
 use embeddings::Embedding;
 use transformer::{gating_hidden, Stack, StackShape};
@@ -188,7 +189,7 @@ pub struct Lm {
     text_linear: Vec<f32>,
     depformer: Depformer,
     /// Conditioners in the fuser's `sum` order.
-    conditioners: Vec<Lut>,
+    conditioning: Conditioning,
 }
 
 fn temporal_shape(cfg: &LmConfig) -> StackShape {
@@ -206,15 +207,6 @@ fn temporal_shape(cfg: &LmConfig) -> StackShape {
     }
 }
 
-/// The configured conditioners in the fuser's `sum` order.
-fn fused_conditioners(
-    cfg: &LmConfig,
-) -> impl Iterator<Item = &crate::config::LutConditionerConfig> {
-    cfg.fuser_sum
-        .iter()
-        .filter_map(|n| cfg.conditioners.iter().find(|c| &c.name == n))
-}
-
 impl Lm {
     /// Every tensor the checkpoint must hold (split attention names).
     pub fn tensor_specs(cfg: &LmConfig) -> Vec<TensorSpec> {
@@ -230,9 +222,7 @@ impl Lm {
             &[cfg.text_card, cfg.dim],
         ));
         Depformer::specs(cfg, &mut out);
-        for c in fused_conditioners(cfg) {
-            Lut::specs(c, &mut out);
-        }
+        Conditioning::specs(cfg, &mut out);
         out
     }
 
@@ -251,9 +241,7 @@ impl Lm {
         let out_norm = weights.take("out_norm.alpha", &[1, 1, cfg.dim])?;
         let text_linear = weights.take("text_linear.weight", &[cfg.text_card, cfg.dim])?;
         let depformer = Depformer::load(cfg, weights)?;
-        let conditioners = fused_conditioners(cfg)
-            .map(|c| Lut::load(weights, c))
-            .collect::<Result<Vec<_>, _>>()?;
+        let conditioning = Conditioning::load(cfg, weights)?;
         Ok(Lm {
             cfg: cfg.clone(),
             emb,
@@ -262,7 +250,7 @@ impl Lm {
             out_norm,
             text_linear,
             depformer,
-            conditioners,
+            conditioning,
         })
     }
 
