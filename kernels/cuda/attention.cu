@@ -196,3 +196,40 @@ attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ 
                         int capacity, int context, float scale, float* __restrict__ out) {
     attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
 }
+
+// The transformer rows of a call with t steps per slot-step (Mimi: t =
+// downsample stride, one cache row per slot), built on the device from the
+// SlotSteps and the per-slot stream positions, which it then advances, so
+// that a captured graph replays correctly call after call. Row j·t + i:
+//   kv = slot, pos = positions[slot] + i, last = positions[slot] + t − 1,
+//   step = j, active = steps[j].active;
+// then positions[slot] += t. Inactive steps get inactive rows (step = j,
+// other fields 0) and leave every position alone. Active steps must name
+// distinct slots. Launch it once per call, before the first layer (every
+// layer reads the same rows). Geometry: grid = (ceil(n_steps / ROWS_THREADS)), block =
+// ROWS_THREADS (128), a thread per step; no shared memory.
+#define ROWS_THREADS 128
+
+extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
+rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int* __restrict__ positions,
+                RowInfo* __restrict__ rows) {
+    const int j = blockIdx.x * ROWS_THREADS + threadIdx.x;
+    if (j >= n_steps) return;
+    const SlotStep st = steps[j];
+    RowInfo* out = rows + (size_t)j * t;
+    if (!st.active) {
+        for (int i = 0; i < t; ++i) {
+            RowInfo r;
+            r.kv = 0; r.pos = 0; r.last = 0; r.step = j; r.active = 0;
+            out[i] = r;
+        }
+        return;
+    }
+    const int p0 = positions[st.slot];
+    for (int i = 0; i < t; ++i) {
+        RowInfo r;
+        r.kv = st.slot; r.pos = p0 + i; r.last = p0 + t - 1; r.step = j; r.active = 1;
+        out[i] = r;
+    }
+    positions[st.slot] = p0 + t;
+}

@@ -81,11 +81,11 @@ conv1d_state_update(const float* __restrict__ x, float* __restrict__ prev, int* 
     const int total = history * c_in;
     for (int c0 = 0; c0 < total; c0 += CONV_THREADS) {
         const int e = c0 + threadIdx.x;
-        float v = 0.f;
-        if (e < total) {
-            const int u = e + t_in * c_in;  // flat index into prev ++ x
-            v = u < total ? pj[u] : xj[u - total];
-        }
+        // Threads past the end read the last element and drop it, so that no
+        // branch precedes the barrier (a host compiler would otherwise
+        // duplicate the barrier into both arms, which the emulator reports).
+        const int u = min(e, total - 1) + t_in * c_in;  // flat index into prev ++ x
+        const float v = u < total ? pj[u] : xj[u - total];
         __syncthreads();
         if (e < total) pj[e] = v;
         __syncthreads();

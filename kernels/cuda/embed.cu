@@ -63,14 +63,16 @@ token_cache_out(const SlotStep* __restrict__ steps, int n_steps, const u32* __re
 
 // x[r] = Σ_{k<n_q} audio_emb[k][tok[k+1]] + text_emb[tok[0]] (+ cond[kv row]),
 // summed in f32 in that order (the reference's order). audio_emb is the
-// stacked [n_q][card + 1][dim] bf16 table, text_emb [text_card + 1][dim],
-// cond [cache rows][dim] f32 or null. tokens[step][K] from token_cache_in.
+// stacked [n_q][card + 1][dim] table, text_emb [text_card + 1][dim], both
+// bf16 (or f32 in the exact-reference precision), cond [cache rows][dim] f32
+// or null. tokens[step][K] from token_cache_in.
 // Geometry: grid = (ceil(dim / EMB_THREADS), rows), block = EMB_THREADS.
 // Masked rows get zeros.
-extern "C" __global__ void __launch_bounds__(EMB_THREADS)
-embed_sum(float* __restrict__ x, const bf16* __restrict__ audio_emb, const bf16* __restrict__ text_emb,
-          const float* __restrict__ cond, const RowInfo* __restrict__ rows, const u32* __restrict__ tokens, int K,
-          int card, int dim) {
+template <typename T>
+__device__ __forceinline__ void embed_sum_t(float* __restrict__ x, const T* __restrict__ audio_emb,
+                                            const T* __restrict__ text_emb, const float* __restrict__ cond,
+                                            const RowInfo* __restrict__ rows, const u32* __restrict__ tokens, int K,
+                                            int card, int dim) {
     const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
     const int r = blockIdx.y;
     if (i >= dim) return;
@@ -82,39 +84,89 @@ embed_sum(float* __restrict__ x, const bf16* __restrict__ audio_emb, const bf16*
     }
     const u32* tok = tokens + (size_t)ri.step * K;
     float acc = 0.f;
-    for (int k = 0; k + 1 < K; ++k)
-        acc += __bfloat162float(audio_emb[((size_t)k * (card + 1) + tok[k + 1]) * dim + i]);
-    acc += __bfloat162float(text_emb[(size_t)tok[0] * dim + i]);
+    for (int k = 0; k + 1 < K; ++k) acc += to_f32(audio_emb[((size_t)k * (card + 1) + tok[k + 1]) * dim + i]);
+    acc += to_f32(text_emb[(size_t)tok[0] * dim + i]);
     if (cond != nullptr) acc += cond[(size_t)ri.kv * dim + i];
     xr[i] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_sum(float* __restrict__ x, const bf16* __restrict__ audio_emb, const bf16* __restrict__ text_emb,
+          const float* __restrict__ cond, const RowInfo* __restrict__ rows, const u32* __restrict__ tokens, int K,
+          int card, int dim) {
+    embed_sum_t(x, audio_emb, text_emb, cond, rows, tokens, K, card, dim);
+}
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_sum_f32(float* __restrict__ x, const float* __restrict__ audio_emb, const float* __restrict__ text_emb,
+              const float* __restrict__ cond, const RowInfo* __restrict__ rows, const u32* __restrict__ tokens, int K,
+              int card, int dim) {
+    embed_sum_t(x, audio_emb, text_emb, cond, rows, tokens, K, card, dim);
 }
 
 // Depformer input: x[r] += table[tok], tok = tokens[rows[r].step · stride]
 // (the text token at step 0, audio codebook k − 1 at step k). Full-rank
 // tables only. Geometry as embed_sum; masked rows are left as they are.
-extern "C" __global__ void __launch_bounds__(EMB_THREADS)
-embed_add_rows(float* __restrict__ x, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
-               const u32* __restrict__ tokens, int stride, int dim) {
+template <typename T>
+__device__ __forceinline__ void embed_add_rows_t(float* __restrict__ x, const T* __restrict__ table,
+                                                 const RowInfo* __restrict__ rows, const u32* __restrict__ tokens,
+                                                 int stride, int dim) {
     const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
     const int r = blockIdx.y;
     if (i >= dim) return;
     const RowInfo ri = rows[r];
     if (!ri.active) return;
     const u32 t = tokens[(size_t)ri.step * stride];
-    x[(size_t)r * dim + i] += __bfloat162float(table[(size_t)t * dim + i]);
+    x[(size_t)r * dim + i] += to_f32(table[(size_t)t * dim + i]);
 }
 
-// Low-rank tables: out[r] = table[tok] ([rows][rank] bf16), then a cuBLAS
-// GEMM with the [dim][rank] projection accumulates into x. Masked rows get
-// zeros. Geometry as embed_sum with `rank` in place of dim.
 extern "C" __global__ void __launch_bounds__(EMB_THREADS)
-embed_gather_rows(bf16* __restrict__ out, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
-                  const u32* __restrict__ tokens, int stride, int rank) {
+embed_add_rows(float* __restrict__ x, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
+               const u32* __restrict__ tokens, int stride, int dim) {
+    embed_add_rows_t(x, table, rows, tokens, stride, dim);
+}
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_add_rows_f32(float* __restrict__ x, const float* __restrict__ table, const RowInfo* __restrict__ rows,
+                   const u32* __restrict__ tokens, int stride, int dim) {
+    embed_add_rows_t(x, table, rows, tokens, stride, dim);
+}
+
+// Low-rank tables: out[r] = table[tok] ([rows][rank], the table's type), then
+// a GEMM with the [dim][rank] projection accumulates into x. Masked rows get
+// zeros. Geometry as embed_sum with `rank` in place of dim.
+template <typename T>
+__device__ __forceinline__ void embed_gather_rows_t(T* __restrict__ out, const T* __restrict__ table,
+                                                    const RowInfo* __restrict__ rows, const u32* __restrict__ tokens,
+                                                    int stride, int rank) {
     const int i = blockIdx.x * EMB_THREADS + threadIdx.x;
     const int r = blockIdx.y;
     if (i >= rank) return;
     const RowInfo ri = rows[r];
-    bf16 v = __float2bfloat16_rn(0.f);
-    if (ri.active) v = table[(size_t)tokens[(size_t)ri.step * stride] * rank + i];
-    out[(size_t)r * rank + i] = v;
+    if (ri.active)
+        out[(size_t)r * rank + i] = table[(size_t)tokens[(size_t)ri.step * stride] * rank + i];
+    else
+        store(out + (size_t)r * rank + i, 0.f);
+}
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_gather_rows(bf16* __restrict__ out, const bf16* __restrict__ table, const RowInfo* __restrict__ rows,
+                  const u32* __restrict__ tokens, int stride, int rank) {
+    embed_gather_rows_t(out, table, rows, tokens, stride, rank);
+}
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_gather_rows_f32(float* __restrict__ out, const float* __restrict__ table, const RowInfo* __restrict__ rows,
+                      const u32* __restrict__ tokens, int stride, int rank) {
+    embed_gather_rows_t(out, table, rows, tokens, stride, rank);
+}
+
+// codes[s][0..n] = value for every step s whose flag[s] is set (Hibiki's
+// end-of-stream frame: every user codebook is `card`). Rows whose flag is
+// clear are untouched. Geometry as token_cache_in.
+extern "C" __global__ void __launch_bounds__(TOK_THREADS)
+fill_flagged_rows(u32* __restrict__ codes, int stride, int n, const int* __restrict__ flags, int n_steps, u32 value) {
+    const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
+    if (s >= n_steps || !flags[s]) return;
+    for (int j = 0; j < n; ++j) codes[(size_t)s * stride + j] = value;
 }

@@ -65,6 +65,7 @@ pub const MODULES: &[KernelModule] = &[
             "attn_decode_fp8",
             "attn_decode_f32",
             "attn_decode_bf16_f32out",
+            "rows_from_steps",
         ],
     },
     KernelModule {
@@ -73,11 +74,15 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cuda/elementwise.cu"),
         kernels: &[
             "silu_gate_bf16",
+            "silu_gate_f32",
             "gelu_f32",
             "elu_f32",
             "add_scaled_f32",
             "add_f32",
             "f32_to_bf16",
+            "fill_uniform_f32",
+            "fill_uniform_bf16",
+            "fill_f32",
         ],
     },
     KernelModule {
@@ -88,8 +93,12 @@ pub const MODULES: &[KernelModule] = &[
             "token_cache_in",
             "token_cache_out",
             "embed_sum",
+            "embed_sum_f32",
             "embed_add_rows",
+            "embed_add_rows_f32",
             "embed_gather_rows",
+            "embed_gather_rows_f32",
+            "fill_flagged_rows",
         ],
     },
     KernelModule {

@@ -23,10 +23,14 @@
 //! [`UNAVAILABLE_REASON`].
 
 pub mod compile;
+pub mod device;
 pub mod launch;
+pub mod model;
+pub mod ops;
 pub mod plan;
 pub mod ptxas;
 pub mod rng;
+pub mod shapes;
 
 /// Why the CUDA backend cannot be used in this build.
 pub const UNAVAILABLE_REASON: &str =

@@ -94,6 +94,12 @@ impl CpuModel {
     pub fn mimi(&self) -> &Mimi {
         &self.mimi
     }
+
+    /// The text logits of `slot`'s last step (after guidance), as the
+    /// sampler saw them; meaningful when the slot stepped.
+    pub fn lm_text_logits(&self, slot: usize) -> &[f32] {
+        self.lm_out.text_logits(slot)
+    }
 }
 
 impl StreamingModel for CpuModel {

@@ -48,6 +48,9 @@ pub enum ModelError {
     /// A batch made for another shape.
     #[error("batch shape mismatch: {0}")]
     BatchShape(String),
+    /// The backend's device failed (every slot of the step is affected).
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// Inputs and outputs of one step for every slot, allocated once.

@@ -54,7 +54,7 @@ pub(crate) fn stack_shape(cfg: &LmConfig) -> StackShape {
 }
 
 /// `depformer_in` index of each step and the number of such projections.
-fn in_indices(cfg: &LmConfig) -> (Vec<usize>, usize) {
+pub fn in_indices(cfg: &LmConfig) -> (Vec<usize>, usize) {
     match &cfg.depformer.weights_per_step_schedule {
         Some(s) => (s.clone(), s.iter().max().map_or(0, |m| m + 1)),
         None => ((0..cfg.dep_q).collect(), cfg.dep_q),

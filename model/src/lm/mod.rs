@@ -48,12 +48,16 @@ mod transformer;
 pub use gen::LmState;
 pub use sampling::{sample_top_k, slot_rng, Sampler, SlotRng};
 pub use setup::{Conditioning, SlotSetup};
+/// `depformer_in` index of each depformer step, and how many projections exist.
+pub use depformer::in_indices as depformer_in_indices;
+/// Hidden width of an official `ActivationGating` (note the `4 · dim` case).
+pub use transformer::gating_hidden;
 
 use crate::config::{LmConfig, ModelType};
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 use depformer::Depformer;
 use embeddings::Embedding;
-use transformer::{gating_hidden, Stack, StackShape};
+use transformer::{Stack, StackShape};
 
 /// Generation parameters of one slot. Defaults are the official `LMGen`
 /// defaults (sampling on, temperatures 0.8 / 0.7, top-k 250 / 25, no CFG).

@@ -19,7 +19,7 @@ use crate::weights::{CheckpointError, TensorSpec, Weights};
 
 /// Hidden width of an official `ActivationGating` for a model width and a
 /// configured `dim_feedforward` (note the special case of exactly `4 · dim`).
-pub(crate) fn gating_hidden(dim: usize, dim_feedforward: usize) -> usize {
+pub fn gating_hidden(dim: usize, dim_feedforward: usize) -> usize {
     if dim_feedforward == 4 * dim {
         21 * dim / 8
     } else {

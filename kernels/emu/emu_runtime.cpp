@@ -1,0 +1,503 @@
+// The emulator's fiber scheduler: runs a kernel launch on the calling OS
+// thread, block after block, each CUDA thread of a block as a fiber.
+//
+// A block runs in passes: every ready fiber, in a permuted order, runs until
+// it reaches a barrier, a warp operation or its end. Then:
+// - a __syncthreads completes when every live (not exited) thread of the
+//   block waits at it (sm_70+ behaviour: exited threads drop out of the
+//   count), and all of them must wait at the same call site;
+// - a warp operation completes when every lane of its mask has arrived; a
+//   lane of the mask that has exited, or does not exist, is an error;
+// - a pass in which nothing can run while threads still wait is a deadlock:
+//   an error naming who waits where, never a hang.
+// An error abandons the launch (the fibers' stacks are simply reused: kernels
+// hold no resources), and the message goes back to the caller.
+//
+// The permutation: reverse thread order by default (a missing barrier
+// between a write by a low thread and a read by a high one shows up), forward
+// order, or a seeded shuffle drawn anew for every pass. Blocks follow the
+// same order, so a kernel that depends on the order of its blocks shows too.
+//
+// Fiber switches are a few instructions of assembly on x86-64 (callee-saved
+// registers and the stack pointer); other architectures use ucontext, which
+// is correct but makes a system call per switch. Each fiber has a 64 KiB
+// stack under a guard page (an overflow faults instead of corrupting memory);
+// stacks belong to the OS thread and are reused by every launch on it.
+#include "cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+__thread emu_ctx_t emu_ctx;
+
+namespace {
+
+constexpr size_t kStackBytes = 64 * 1024;
+constexpr unsigned kMaxThreads = 1024;
+
+enum State : unsigned char { READY, BARRIER, WARP, EXITED };
+
+struct Fiber {
+#if defined(__x86_64__)
+    void* sp;
+#else
+    ucontext_t uc;
+#endif
+    State st;
+    const void* site;  // return address of the barrier it waits at
+};
+
+struct Warp {
+    uint64_t val[32];
+    uint64_t res[32];
+    int src[32];
+    unsigned mask;     // mask of the operation in progress
+    unsigned arrived;  // lanes that have arrived at it
+    int kind;          // 0 shuffle, 1 syncwarp
+};
+
+struct Sched {
+    // Stacks: one mapping, a guard page below each fiber's stack.
+    char* stacks = nullptr;
+    size_t n_stacks = 0;
+    size_t page = 4096;
+
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    std::vector<unsigned> order;
+#if defined(__x86_64__)
+    void* main_sp = nullptr;
+#else
+    ucontext_t main_uc;
+#endif
+    unsigned n = 0;  // threads in the block
+    unsigned cur = 0;
+    unsigned live = 0;
+    unsigned at_barrier = 0;
+    emu::thunk_t thunk = nullptr;
+    void** args = nullptr;
+    bool failed = false;
+    char msg[512];
+    unsigned long long switches = 0;
+    uint64_t rng = 0;
+
+    ~Sched() {
+        if (stacks) munmap(stacks, n_stacks * (kStackBytes + page));
+    }
+};
+
+__thread Sched* tls_sched = nullptr;
+thread_local std::unique_ptr<Sched> tls_owner;
+
+Sched* sched() {
+    if (!tls_sched) {
+        tls_owner.reset(new Sched());
+        tls_sched = tls_owner.get();
+        const long pg = sysconf(_SC_PAGESIZE);
+        if (pg > 0) tls_sched->page = (size_t)pg;
+    }
+    return tls_sched;
+}
+
+bool ensure_stacks(Sched* s, unsigned n) {
+    if (s->n_stacks >= n) return true;
+    if (s->stacks) munmap(s->stacks, s->n_stacks * (kStackBytes + s->page));
+    s->stacks = nullptr;
+    s->n_stacks = 0;
+    const size_t slot = kStackBytes + s->page;
+    void* m = mmap(nullptr, n * slot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return false;
+    char* base = (char*)m;
+    for (unsigned i = 0; i < n; ++i) mprotect(base + i * slot, s->page, PROT_NONE);
+    s->stacks = base;
+    s->n_stacks = n;
+    return true;
+}
+
+char* stack_top(Sched* s, unsigned i) { return s->stacks + (size_t)(i + 1) * (kStackBytes + s->page); }
+
+// ---------------------------------------------------------------- context switch
+
+#if defined(__x86_64__)
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+// Saves the callee-saved registers on the current stack, stores the stack
+// pointer in *save_sp, loads load_sp and restores what that stack saved.
+asm(R"(
+    .text
+    .p2align 4
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+#endif
+
+[[noreturn]] void fiber_main();
+
+void fiber_init(Sched* s, unsigned i) {
+    char* top = stack_top(s, i);
+#if defined(__x86_64__)
+    // [top-8]: a null fake return address of fiber_main; [top-16]: the address
+    // emu_switch's `ret` jumps to (16-byte aligned, so that fiber_main starts
+    // with rsp ≡ 8 mod 16 as after a call); below, six zeroed registers.
+    void** sp = (void**)top;
+    *--sp = nullptr;
+    *--sp = (void*)&fiber_main;
+    for (int r = 0; r < 6; ++r) *--sp = nullptr;
+    s->fibers[i].sp = sp;
+#else
+    ucontext_t* uc = &s->fibers[i].uc;
+    getcontext(uc);
+    uc->uc_stack.ss_sp = top - kStackBytes;
+    uc->uc_stack.ss_size = kStackBytes;
+    uc->uc_link = nullptr;
+    makecontext(uc, (void (*)())fiber_main, 0);
+#endif
+    s->fibers[i].st = READY;
+    s->fibers[i].site = nullptr;
+}
+
+// From the scheduler into fiber `i`.
+inline void run_fiber(Sched* s, unsigned i) {
+    s->cur = i;
+    emu_ctx.thread_idx.x = i;
+    ++s->switches;
+#if defined(__x86_64__)
+    emu_switch(&s->main_sp, s->fibers[i].sp);
+#else
+    swapcontext(&s->main_uc, &s->fibers[i].uc);
+#endif
+}
+
+// From the running fiber back to the scheduler.
+inline void yield_to_main(Sched* s) {
+    Fiber& f = s->fibers[s->cur];
+    ++s->switches;
+#if defined(__x86_64__)
+    emu_switch(&f.sp, s->main_sp);
+#else
+    swapcontext(&f.uc, &s->main_uc);
+#endif
+    // Resumed: threadIdx was set by run_fiber.
+}
+
+[[noreturn]] void fiber_main() {
+    Sched* s = tls_sched;
+    s->thunk(s->args);
+    // The thread returned from the kernel.
+    const unsigned t = s->cur;
+    Fiber& f = s->fibers[t];
+    f.st = EXITED;
+    --s->live;
+    const Warp& w = s->warps[t >> 5];
+    if (w.arrived != 0 && (w.mask & (1u << (t & 31)))) {
+        snprintf(s->msg, sizeof s->msg, "thread %u exited while lanes of its warp %u wait for it in a warp %s", t,
+                 t >> 5, w.kind == 0 ? "shuffle" : "__syncwarp");
+        s->failed = true;
+    }
+#if defined(__x86_64__)
+    void* dead;
+    emu_switch(&dead, s->main_sp);
+#else
+    setcontext(&s->main_uc);
+#endif
+    __builtin_unreachable();
+}
+
+// ---------------------------------------------------------------- warp operations
+
+// Common arrival logic; returns the lane's result.
+uint64_t warp_arrive(Sched* s, int kind, unsigned mask, uint64_t bits, int src) {
+    const unsigned t = s->cur, lane = t & 31, wi = t >> 5;
+    Warp& w = s->warps[wi];
+    const char* what = kind == 0 ? "shuffle" : "__syncwarp";
+    const unsigned bit = 1u << lane;
+    if (!(mask & bit)) {
+        snprintf(s->msg, sizeof s->msg, "thread %u: warp %s with a mask (0x%08x) that leaves out its own lane", t, what,
+                 mask);
+        s->failed = true;
+        yield_to_main(s);
+    }
+    // Lanes of the mask must exist and must not have exited.
+    for (unsigned l = 0; l < 32; ++l) {
+        if (!(mask & (1u << l))) continue;
+        const unsigned tt = wi * 32 + l;
+        if (tt >= s->n) {
+            snprintf(s->msg, sizeof s->msg,
+                     "thread %u: warp %s over mask 0x%08x names lane %u, which does not exist (block of %u threads)",
+                     t, what, mask, l, s->n);
+            s->failed = true;
+            yield_to_main(s);
+        }
+        if (s->fibers[tt].st == EXITED) {
+            snprintf(s->msg, sizeof s->msg,
+                     "thread %u: warp %s over mask 0x%08x waits for lane %u (thread %u), which has exited", t, what,
+                     mask, l, tt);
+            s->failed = true;
+            yield_to_main(s);
+        }
+    }
+    if (w.arrived == 0) {
+        w.mask = mask;
+        w.kind = kind;
+    } else if (w.mask != mask || w.kind != kind) {
+        snprintf(s->msg, sizeof s->msg,
+                 "thread %u: warp %s over mask 0x%08x while other lanes of warp %u are in a warp %s over mask 0x%08x",
+                 t, what, mask, wi, w.kind == 0 ? "shuffle" : "__syncwarp", w.mask);
+        s->failed = true;
+        yield_to_main(s);
+    }
+    if (src >= 0 && !(mask & (1u << (src & 31)))) {
+        snprintf(s->msg, sizeof s->msg, "thread %u: shuffle reads lane %d, outside its mask 0x%08x", t, src, mask);
+        s->failed = true;
+        yield_to_main(s);
+    }
+    w.val[lane] = bits;
+    w.src[lane] = src;
+    w.arrived |= bit;
+    if (w.arrived == mask) {
+        // Complete: compute every lane's result before any of them runs on.
+        for (unsigned l = 0; l < 32; ++l) {
+            if (!(mask & (1u << l))) continue;
+            w.res[l] = w.src[l] >= 0 ? w.val[w.src[l] & 31] : w.val[l];
+            if (l != lane) s->fibers[wi * 32 + l].st = READY;
+        }
+        w.arrived = 0;
+        return w.res[lane];
+    }
+    s->fibers[t].st = WARP;
+    yield_to_main(s);
+    return w.res[lane];
+}
+
+void describe_deadlock(Sched* s) {
+    unsigned at_bar = 0, at_warp = 0, exited = 0, first_warp = 0;
+    for (unsigned i = 0; i < s->n; ++i) {
+        switch (s->fibers[i].st) {
+            case BARRIER: ++at_bar; break;
+            case WARP:
+                if (!at_warp) first_warp = i;
+                ++at_warp;
+                break;
+            case EXITED: ++exited; break;
+            default: break;
+        }
+    }
+    if (at_warp) {
+        const Warp& w = s->warps[first_warp >> 5];
+        snprintf(s->msg, sizeof s->msg,
+                 "deadlock: %u threads wait at __syncthreads, %u in warp operations (thread %u waits in warp %u for "
+                 "lanes 0x%08x of mask 0x%08x), %u exited",
+                 at_bar, at_warp, first_warp, first_warp >> 5, w.mask & ~w.arrived, w.mask, exited);
+    } else {
+        snprintf(s->msg, sizeof s->msg, "deadlock: %u threads wait at __syncthreads, %u exited", at_bar, exited);
+    }
+    s->failed = true;
+}
+
+uint64_t next_rand(Sched* s) {
+    // splitmix64
+    uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// order: 0 reverse, 1 forward, other values seed a fresh shuffle per pass.
+void permute(Sched* s, unsigned order, std::vector<unsigned>& v, unsigned n) {
+    v.resize(n);
+    for (unsigned i = 0; i < n; ++i) v[i] = order == 0 ? n - 1 - i : i;
+    if (order >= 2)
+        for (unsigned i = n; i > 1; --i) {
+            const unsigned j = (unsigned)(next_rand(s) % i);
+            const unsigned t = v[i - 1];
+            v[i - 1] = v[j];
+            v[j] = t;
+        }
+}
+
+bool run_block(Sched* s, unsigned order) {
+    for (unsigned i = 0; i < s->n; ++i) fiber_init(s, i);
+    for (auto& w : s->warps) w.arrived = 0;
+    s->live = s->n;
+    s->at_barrier = 0;
+    for (;;) {
+        bool ran = false;
+        permute(s, order, s->order, s->n);
+        for (unsigned k = 0; k < s->n; ++k) {
+            const unsigned i = s->order[k];
+            if (s->fibers[i].st != READY) continue;
+            run_fiber(s, i);
+            ran = true;
+            if (s->failed) return false;
+        }
+        if (s->live == 0) return true;
+        if (s->at_barrier == s->live) {
+            const void* site = nullptr;
+            for (unsigned i = 0; i < s->n; ++i) {
+                Fiber& f = s->fibers[i];
+                if (f.st != BARRIER) continue;
+                if (site && f.site != site) {
+                    snprintf(s->msg, sizeof s->msg,
+                             "divergent __syncthreads: threads wait at different barriers (thread %u and an earlier "
+                             "one)",
+                             i);
+                    s->failed = true;
+                    return false;
+                }
+                site = f.site;
+                f.st = READY;
+            }
+            s->at_barrier = 0;
+            continue;
+        }
+        bool ready = false;
+        for (unsigned i = 0; i < s->n && !ready; ++i) ready = s->fibers[i].st == READY;
+        if (!ran && !ready) {
+            describe_deadlock(s);
+            return false;
+        }
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- entry points for the kernels
+
+extern "C" void emu_syncthreads(void) {
+    Sched* s = tls_sched;
+    Fiber& f = s->fibers[s->cur];
+    f.st = BARRIER;
+    f.site = __builtin_return_address(0);
+    ++s->at_barrier;
+    yield_to_main(s);
+}
+
+extern "C" void emu_syncwarp(unsigned mask) { warp_arrive(tls_sched, 1, mask, 0, -1); }
+
+extern "C" uint64_t emu_shuffle(unsigned mask, uint64_t bits, int src) {
+    return warp_arrive(tls_sched, 0, mask, bits, src);
+}
+
+// ---------------------------------------------------------------- the C ABI of emu.rs
+
+extern "C" {
+
+// Runs `thunk` over grid (x, y, z) of blocks of `block` threads. Returns 0,
+// or 1 with a NUL-terminated message in err (at most err_len bytes).
+int moshid_emu_launch(emu::thunk_t thunk, const unsigned* grid, unsigned block, void** args, unsigned order,
+                      char* err, size_t err_len) {
+    Sched* s = sched();
+    auto error = [&](const char* m) {
+        if (err_len) snprintf(err, err_len, "%s", m);
+        return 1;
+    };
+    if (block == 0 || block > kMaxThreads) return error("block size must be 1..=1024");
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return error("empty grid");
+    if (s->n != 0 && s->thunk != nullptr) return error("nested launch from inside a kernel");
+    if (!ensure_stacks(s, block)) return error("cannot map fiber stacks");
+    s->n = block;
+    s->fibers.resize(block);
+    s->warps.resize((block + 31) / 32);
+    s->thunk = thunk;
+    s->args = args;
+    s->failed = false;
+    s->msg[0] = 0;
+    s->rng = order;
+    emu_ctx.block_dim = {block, 1, 1};
+    emu_ctx.grid_dim = {grid[0], grid[1], grid[2]};
+    emu_ctx.thread_idx = {0, 0, 0};
+    const unsigned long long total = (unsigned long long)grid[0] * grid[1] * grid[2];
+    int rc = 0;
+    // Block order: reverse, forward, or b = (k·p + q) mod total with p
+    // coprime to total (a seeded bijection).
+    unsigned long long p = 1, q = 0;
+    if (order >= 2) {
+        p = (next_rand(s) % total) | 1;
+        for (;;) {
+            unsigned long long a = p, c = total;
+            while (c) {
+                const unsigned long long r = a % c;
+                a = c;
+                c = r;
+            }
+            if (a == 1) break;
+            p += 2;
+        }
+        q = next_rand(s) % total;
+    }
+    for (unsigned long long k = 0; k < total; ++k) {
+        unsigned long long b = k;
+        if (order == 0)
+            b = total - 1 - k;
+        else if (order >= 2)
+            b = (unsigned long long)(((__uint128_t)k * p + q) % total);
+        emu_ctx.block_idx.x = (unsigned)(b % grid[0]);
+        emu_ctx.block_idx.y = (unsigned)((b / grid[0]) % grid[1]);
+        emu_ctx.block_idx.z = (unsigned)(b / ((unsigned long long)grid[0] * grid[1]));
+        if (!run_block(s, order)) {
+            char m[700];
+            snprintf(m, sizeof m, "block (%u, %u, %u): %s", emu_ctx.block_idx.x, emu_ctx.block_idx.y,
+                     emu_ctx.block_idx.z, s->msg);
+            rc = error(m);
+            break;
+        }
+    }
+    s->thunk = nullptr;
+    s->n = 0;
+    return rc;
+}
+
+// Device memory for emu.rs: `bytes` (rounded up to 256) of zeroed memory,
+// 256-byte aligned, placed at the end of its own mapping and followed by an
+// inaccessible guard page, so that a kernel running past the end of a buffer
+// faults instead of corrupting its neighbour. The whole mapping is returned
+// in *map / *map_len for moshid_emu_free. Null when the mapping fails.
+void* moshid_emu_alloc(size_t bytes, void** map, size_t* map_len) {
+    const long pg = sysconf(_SC_PAGESIZE);
+    const size_t page = pg > 0 ? (size_t)pg : 4096;
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    const size_t body = (rounded + page - 1) / page * page;
+    const size_t len = (body == 0 ? page : body) + page;
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    char* guard = (char*)m + (len - page);
+    if (mprotect(guard, page, PROT_NONE) != 0) {
+        munmap(m, len);
+        return nullptr;
+    }
+    *map = m;
+    *map_len = len;
+    return guard - rounded;
+}
+
+// Frees a mapping of moshid_emu_alloc.
+void moshid_emu_free(void* map, size_t map_len) { munmap(map, map_len); }
+
+// Fiber switches made on this OS thread so far.
+unsigned long long moshid_emu_switches(void) { return tls_sched ? tls_sched->switches : 0; }
+
+}  // extern "C"

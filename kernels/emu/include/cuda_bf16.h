@@ -1,0 +1,3 @@
+// Stand-in for CUDA's <cuda_bf16.h> in the emulator build: the types it declares come
+// from ../cuda_emu.h, which every emulator translation unit includes first.
+#include "../cuda_emu.h"

@@ -1,0 +1,208 @@
+//! The depformer on the device: within one frame, the `dep_q` generated
+//! audio codebooks one after the other (CPU reference:
+//! `moshid_model::lm` depformer). Step `k`: `depformer_in[in_index(k)]` of
+//! the temporal output, plus the embedding of the previous token (the text
+//! token at step 0, codebook `k − 1` after; optionally low-rank), the stack
+//! with weight set `weight_set(k)` attending over positions `0..=k` of this
+//! frame, the head `linears[k]`, then sampling into codebook `k`.
+//!
+//! Invariants: the per-frame KV cache has one row per batch row and is
+//! rewritten from position 0 every frame (never reset); every launch
+//! depends only on the bucket's row count and fixed pointers (capturable).
+
+use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::GpuError;
+use super::stack::{Stack, StackScratch, StackShape};
+use super::LmKernels;
+use crate::device::{DType, DevPtr, Device, DeviceResult};
+use crate::ops::attention::KvType;
+use crate::ops::sampling::SampleArgs;
+use moshid_model::config::{LmConfig, PosEmb};
+
+/// An embedding table, optionally low-rank (`[rows][rank]` + `[dim][rank]`).
+pub(super) struct Embedding {
+    pub table: DevTensor,
+    pub low_rank: Option<DevTensor>,
+}
+
+impl Embedding {
+    pub fn load<D: Device + ?Sized>(
+        dev: &mut D,
+        w: &mut WeightLoader<'_>,
+        name: &str,
+        rows: usize,
+        dim: usize,
+        rank: Option<usize>,
+        dtype: DType,
+    ) -> Result<Embedding, GpuError> {
+        let width = rank.unwrap_or(dim);
+        let table = w.tensor(dev, &format!("{name}.weight"), &[rows, width], dtype, Init::Embedding)?;
+        let low_rank = match rank {
+            Some(r) => Some(w.tensor(
+                dev,
+                &format!("{name}.low_rank.weight"),
+                &[dim, r],
+                dtype,
+                Init::Linear,
+            )?),
+            None => None,
+        };
+        Ok(Embedding { table, low_rank })
+    }
+}
+
+/// The depformer's shape, as the CPU reference derives it.
+pub(super) fn stack_shape(cfg: &LmConfig) -> StackShape {
+    let d = &cfg.depformer;
+    StackShape {
+        dim: d.dim,
+        heads: d.num_heads,
+        layers: d.num_layers,
+        hidden: moshid_model::lm::gating_hidden(d.dim, d.dim_feedforward),
+        sets: d.num_weight_sets(cfg.dep_q),
+        gating_list: d.weights_per_step,
+        // The official depformer runs with `context = None` and a cache of
+        // `dep_q` entries: every step sees the whole frame so far.
+        capacity: cfg.dep_q,
+        context: cfg.dep_q,
+        rope_period: (d.pos_emb == PosEmb::Rope).then_some(d.max_period),
+        eps: cfg.norm.eps(),
+    }
+}
+
+/// Depformer weights, per-frame cache and scratch.
+pub(super) struct Depformer {
+    dep_q: usize,
+    dim: usize,
+    card: usize,
+    act: DType,
+    in_index: Vec<usize>,
+    set_index: Vec<usize>,
+    depformer_in: Vec<DevTensor>,
+    text_emb: Embedding,
+    emb: Vec<Embedding>,
+    pub stack: Stack,
+    linears: Vec<DevTensor>,
+    /// `[rows][dim]` f32 residual stream.
+    x: DevPtr,
+    /// `[rows][dim]` act: the stream cast for the heads (bf16 mode).
+    x_act: DevPtr,
+    /// `[rows][widest rank]` gathered low-rank rows.
+    low_rank_tmp: DevPtr,
+    /// `[rows][card]` f32 logits of the current step.
+    pub logits: DevPtr,
+}
+
+impl Depformer {
+    pub fn load<D: Device + ?Sized>(
+        dev: &mut D,
+        w: &mut WeightLoader<'_>,
+        cfg: &LmConfig,
+        act: DType,
+        max_rows: usize,
+    ) -> Result<Depformer, GpuError> {
+        let d = cfg.depformer.dim;
+        let rank = cfg.depformer.low_rank_embeddings;
+        let (in_index, n_in) = moshid_model::lm::depformer_in_indices(cfg);
+        let depformer_in = (0..n_in)
+            .map(|i| w.tensor(dev, &format!("depformer_in.{i}.weight"), &[d, cfg.dim], act, Init::Linear))
+            .collect::<Result<Vec<_>, _>>()?;
+        let emb = (0..cfg.dep_q.saturating_sub(1))
+            .map(|k| Embedding::load(dev, w, &format!("depformer_emb.{k}"), cfg.card + 1, d, rank, act))
+            .collect::<Result<Vec<_>, _>>()?;
+        let text_emb = Embedding::load(dev, w, "depformer_text_emb", cfg.text_card + 1, d, rank, act)?;
+        let kv = match act {
+            DType::F32 => KvType::F32,
+            DType::Bf16 => KvType::Bf16,
+        };
+        let stack = Stack::load(dev, w, "depformer", stack_shape(cfg), act, kv, max_rows)?;
+        let linears = (0..cfg.dep_q)
+            .map(|k| w.tensor(dev, &format!("linears.{k}.weight"), &[cfg.card, d], act, Init::Linear))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Depformer {
+            dep_q: cfg.dep_q,
+            dim: d,
+            card: cfg.card,
+            act,
+            in_index,
+            set_index: (0..cfg.dep_q).map(|k| cfg.depformer.weight_set(k)).collect(),
+            depformer_in,
+            text_emb,
+            emb,
+            stack,
+            linears,
+            x: scratch(dev, max_rows * d, DType::F32)?,
+            x_act: scratch(dev, max_rows * d, act)?,
+            low_rank_tmp: scratch(dev, max_rows * rank.unwrap_or(1), act)?,
+            logits: scratch(dev, max_rows * cfg.card, DType::F32)?,
+        })
+    }
+
+    /// Runs every codebook step for `rows` rows: `tout` is the temporal
+    /// output (`[rows][lm dim]`, act), `dep_rows` dep_q RowInfo arrays of
+    /// `rows` entries (position k), `text` the sampled text tokens
+    /// (`[n_steps]`), `audio` receives `[n_steps][dep_q]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        rows: usize,
+        tout: DevPtr,
+        dep_rows: &[DevPtr],
+        sample: SampleArgs,
+        text: DevPtr,
+        audio: DevPtr,
+        sc: &StackScratch,
+    ) -> DeviceResult<()> {
+        let (d, act) = (self.dim, self.act);
+        for step in 0..self.dep_q {
+            let row_info = dep_rows[step];
+            linear(dev, tout, act, rows, &self.depformer_in[self.in_index[step]], self.x, DType::F32, false)?;
+            let (emb, tokens, stride) = if step == 0 {
+                (&self.text_emb, text, 1)
+            } else {
+                (&self.emb[step - 1], audio + 4 * (step as u64 - 1), self.dep_q)
+            };
+            match &emb.low_rank {
+                None => k.embed.add_rows(dev, act, self.x, emb.table.ptr, row_info, rows, tokens, stride, d)?,
+                Some(proj) => {
+                    k.embed.gather_rows(
+                        dev,
+                        act,
+                        self.low_rank_tmp,
+                        emb.table.ptr,
+                        row_info,
+                        rows,
+                        tokens,
+                        stride,
+                        emb.table.cols,
+                    )?;
+                    linear(dev, self.low_rank_tmp, act, rows, proj, self.x, DType::F32, true)?;
+                }
+            }
+            self.stack.forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
+            let head_in = match act {
+                DType::F32 => self.x,
+                DType::Bf16 => {
+                    k.ew.to_bf16(dev, self.x, self.x_act, rows * d)?;
+                    self.x_act
+                }
+            };
+            linear(dev, head_in, act, rows, &self.linears[step], self.logits, DType::F32, false)?;
+            k.sample.sample(
+                dev,
+                &SampleArgs {
+                    logits: self.logits,
+                    vocab: self.card,
+                    ld: self.card,
+                    audio: true,
+                    out: audio + 4 * step as u64,
+                    out_stride: self.dep_q,
+                    ..sample
+                },
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! One transformer stack of the LM on the device — the temporal transformer
+//! or the depformer — as the CPU reference's `Stack::forward`: per layer,
+//! RMSNorm → in-projection → RoPE + KV write → attention → out-projection
+//! added into the residual → RMSNorm → gated feed-forward added into the
+//! residual.
+//!
+//! Invariants: every GEMM runs once over all rows of the call (masked rows
+//! are zero rows: the norms write zeros for inactive `RowInfo`s and the
+//! embeddings do too, so they stay zero and finite); attention reads only
+//! the positions a row wrote since its reset; the KV caches are allocated
+//! once for `cache_rows` rows at full capacity. Activations that feed a GEMM
+//! are in the model's precision (bf16, or f32 for the exact reference mode);
+//! the residual stream, norms and softmax are f32.
+
+use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::GpuError;
+use super::LmKernels;
+use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
+use crate::ops::attention::{AttnShape, KvType};
+
+/// Shape of one stack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackShape {
+    /// Width.
+    pub dim: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Gated feed-forward hidden width.
+    pub hidden: usize,
+    /// Weight sets (1, or one per scheduled depformer step).
+    pub sets: usize,
+    /// Whether the gating modules are a per-step list (`gating.{i}.…`).
+    pub gating_list: bool,
+    /// Ring KV cache length.
+    pub capacity: usize,
+    /// Attention window (steps, including the current one).
+    pub context: usize,
+    /// RoPE period, when RoPE is used.
+    pub rope_period: Option<f32>,
+    /// Norm epsilon.
+    pub eps: f32,
+}
+
+struct SetWeights {
+    in_proj: DevTensor,
+    out_proj: DevTensor,
+    ff_in: DevTensor,
+    ff_out: DevTensor,
+}
+
+struct Layer {
+    norm1: DevPtr,
+    norm2: DevPtr,
+    sets: Vec<SetWeights>,
+    k_cache: DevPtr,
+    v_cache: DevPtr,
+}
+
+/// Scratch of one stack call, sized for the largest call.
+pub struct StackScratch {
+    h: DevPtr,
+    qkv: DevPtr,
+    attn: DevPtr,
+    ff: DevPtr,
+    act: DevPtr,
+}
+
+impl StackScratch {
+    /// Scratch for `rows` rows of every stack in `shapes`, activations in `act`.
+    pub fn new<D: Device + ?Sized>(
+        dev: &mut D,
+        rows: usize,
+        shapes: &[&StackShape],
+        act: DType,
+    ) -> DeviceResult<Self> {
+        let dim = shapes.iter().map(|s| s.dim).max().unwrap_or(1);
+        let hidden = shapes.iter().map(|s| s.hidden).max().unwrap_or(1);
+        Ok(StackScratch {
+            h: scratch(dev, rows * dim, act)?,
+            qkv: scratch(dev, rows * 3 * dim, DType::F32)?,
+            attn: scratch(dev, rows * dim, act)?,
+            ff: scratch(dev, rows * 2 * hidden, DType::F32)?,
+            act: scratch(dev, rows * hidden, act)?,
+        })
+    }
+}
+
+/// A loaded stack with its KV caches.
+pub struct Stack {
+    shape: StackShape,
+    layers: Vec<Layer>,
+    /// head_dim/2 RoPE frequencies (f32), or NULL.
+    freqs: DevPtr,
+    kv: KvType,
+    act: DType,
+    kv_bytes: usize,
+}
+
+impl Stack {
+    /// Loads the stack under `prefix` (`transformer`, `depformer`) with the
+    /// tensor names of the official checkpoints (split attention names, as
+    /// the checkpoint reader presents them), weights and activations in
+    /// `act`, and KV caches of `kv` for `cache_rows` rows.
+    pub fn load<D: Device + ?Sized>(
+        dev: &mut D,
+        w: &mut WeightLoader<'_>,
+        prefix: &str,
+        shape: StackShape,
+        act: DType,
+        kv: KvType,
+        cache_rows: usize,
+    ) -> Result<Stack, GpuError> {
+        let (d, hid) = (shape.dim, shape.hidden);
+        let mut layers = Vec::with_capacity(shape.layers);
+        let kv_elems = cache_rows * shape.capacity * d;
+        for l in 0..shape.layers {
+            let p = format!("{prefix}.layers.{l}");
+            let norm1 = w.tensor(dev, &format!("{p}.norm1.alpha"), &[1, 1, d], DType::F32, Init::Ones)?;
+            let norm2 = w.tensor(dev, &format!("{p}.norm2.alpha"), &[1, 1, d], DType::F32, Init::Ones)?;
+            let mut sets = Vec::with_capacity(shape.sets);
+            for set in 0..shape.sets {
+                let g = if shape.gating_list {
+                    format!("{p}.gating.{set}")
+                } else {
+                    format!("{p}.gating")
+                };
+                let lin = Init::Linear;
+                sets.push(SetWeights {
+                    in_proj: w.tensor(dev, &format!("{p}.self_attn.in_projs.{set}.weight"), &[3 * d, d], act, lin)?,
+                    out_proj: w.tensor(dev, &format!("{p}.self_attn.out_projs.{set}.weight"), &[d, d], act, lin)?,
+                    ff_in: w.tensor(dev, &format!("{g}.linear_in.weight"), &[2 * hid, d], act, lin)?,
+                    ff_out: w.tensor(dev, &format!("{g}.linear_out.weight"), &[d, hid], act, lin)?,
+                });
+            }
+            layers.push(Layer {
+                norm1: norm1.ptr,
+                norm2: norm2.ptr,
+                sets,
+                k_cache: dev.alloc(kv_elems * kv.bytes())?,
+                v_cache: dev.alloc(kv_elems * kv.bytes())?,
+            });
+        }
+        let freqs = match shape.rope_period {
+            Some(period) => {
+                let hd = d / shape.heads;
+                let mut f = vec![0.0f32; hd / 2];
+                moshid_model::ops::rope_freqs(hd, period, &mut f);
+                let p = dev.alloc(f.len() * 4)?;
+                dev.upload(p, crate::device::as_bytes(&f))?;
+                p
+            }
+            None => NULL,
+        };
+        Ok(Stack {
+            kv_bytes: 2 * shape.layers * kv_elems * kv.bytes(),
+            shape,
+            layers,
+            freqs,
+            kv,
+            act,
+        })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &StackShape {
+        &self.shape
+    }
+
+    /// Device bytes of the KV caches.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv_bytes
+    }
+
+    /// Runs the stack in place on `x` (`[rows][dim]` f32) with weight set
+    /// `set`; `row_info` holds `rows` RowInfos (cache row, position, activity).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        set: usize,
+        rows: usize,
+        x: DevPtr,
+        row_info: DevPtr,
+        sc: &StackScratch,
+    ) -> DeviceResult<()> {
+        let sh = &self.shape;
+        let (d, hid, act) = (sh.dim, sh.hidden, self.act);
+        let attn_shape = AttnShape {
+            dim: d,
+            heads: sh.heads,
+            capacity: sh.capacity,
+            context: sh.context,
+            rows,
+        };
+        for layer in &self.layers {
+            let w = &layer.sets[set];
+            k.norm.rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
+            linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
+            k.attn.rope_kv_write(
+                dev,
+                self.kv,
+                sc.qkv,
+                self.freqs,
+                row_info,
+                layer.k_cache,
+                layer.v_cache,
+                &attn_shape,
+            )?;
+            k.attn.attend(
+                dev,
+                self.kv,
+                act,
+                sc.qkv,
+                layer.k_cache,
+                layer.v_cache,
+                row_info,
+                &attn_shape,
+                sc.attn,
+            )?;
+            linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
+            k.norm.rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
+            linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
+            k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
+            linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
+        }
+        Ok(())
+    }
+}

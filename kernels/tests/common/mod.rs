@@ -1,0 +1,8 @@
+//! Shared by the GPU-model tests: fixture folders and the comparison of a
+//! [`GpuModel`] with the CPU reference backend on the same inputs, through
+//! the engine's `StreamingModel` interface, on any device.
+
+#![allow(dead_code)]
+
+pub mod compare;
+pub mod fixtures;
