@@ -92,7 +92,7 @@ impl ServeArgs {
             cfg.model.backend = b;
         }
         if let Some(n) = self.max_slots {
-            cfg.model.max_slots = n;
+            cfg.model.max_slots = Some(n);
         }
         if let Some(n) = self.io_cores {
             cfg.runtime.io_cores = n;
@@ -121,7 +121,7 @@ impl ServeArgs {
 
 /// Runs `moshid serve`.
 pub fn serve(args: ServeArgs) -> ExitCode {
-    let cfg = match args.resolve() {
+    let mut cfg = match args.resolve() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -166,7 +166,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     };
     let agent_addr = agent.as_ref().map(|a| a.local_addr());
     let loaded = match runtime::load_model(&cfg) {
-        Ok(m) => m,
+        Ok(m) => {
+            // Lanes and tables are sized from the slots the model really has
+            // (derived from GPU memory when the config left it open).
+            cfg.model.max_slots = Some(m.model.max_slots());
+            m
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;

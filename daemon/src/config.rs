@@ -66,10 +66,84 @@ pub struct ModelConfig {
     pub dir: Option<PathBuf>,
     /// Backend choice.
     pub backend: Backend,
-    /// Concurrent streams the model is built for.
-    pub max_slots: usize,
+    /// Concurrent streams the model is built for; `null`: as many as the
+    /// GPU's free memory holds (CUDA), [`CPU_DEFAULT_SLOTS`] on the CPU.
+    pub max_slots: Option<usize>,
     /// Where the demo checkpoint is written on first use.
     pub cache_dir: Option<PathBuf>,
+    /// The CUDA backend's settings.
+    pub cuda: CudaConfig,
+}
+
+/// Slots of the CPU backend when `model.max_slots` is not given.
+pub const CPU_DEFAULT_SLOTS: usize = 8;
+
+/// Number format of the CUDA backend's LM (`model.cuda.precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaPrecision {
+    /// bf16 weights and GEMM inputs, f32 accumulation and norms (serving).
+    Bf16,
+    /// f32 throughout: the exact reference mode (for checking, 2× the memory).
+    F32,
+}
+
+/// Element type of the LM's KV cache (`model.cuda.kv_cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheType {
+    /// bfloat16 (with `bf16` precision).
+    Bf16,
+    /// fp8 e4m3: half the memory, twice the streams (with `bf16` precision).
+    Fp8,
+    /// float32 (with `f32` precision).
+    F32,
+}
+
+/// `model.cuda.*`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CudaConfig {
+    /// GPU ordinal.
+    pub device: usize,
+    /// The LM's number format.
+    pub precision: CudaPrecision,
+    /// The temporal transformer's KV cache; `null`: bf16, or f32 with f32 precision.
+    pub kv_cache: Option<KvCacheType>,
+    /// Capture one CUDA graph per batch-size bucket and replay it.
+    pub graphs: bool,
+    /// Device memory left free when `model.max_slots` is derived, in MiB
+    /// (CUDA graphs, the context, fragmentation).
+    pub memory_reserve_mib: u64,
+    /// Where compiled kernels (PTX) are cached; `null`: `<cache_dir>/ptx`.
+    pub ptx_cache_dir: Option<PathBuf>,
+    /// Folders holding CUDA's headers (`cuda_bf16.h`) for NVRTC; empty:
+    /// `$MOSHID_CUDA_INCLUDE`, `$CUDA_HOME/include`, `/usr/local/cuda/include`.
+    pub include_dirs: Vec<PathBuf>,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            device: 0,
+            precision: CudaPrecision::Bf16,
+            kv_cache: None,
+            graphs: true,
+            memory_reserve_mib: 4096,
+            ptx_cache_dir: None,
+            include_dirs: Vec::new(),
+        }
+    }
+}
+
+impl CudaConfig {
+    /// The KV cache type in effect.
+    pub fn kv(&self) -> KvCacheType {
+        self.kv_cache.unwrap_or(match self.precision {
+            CudaPrecision::Bf16 => KvCacheType::Bf16,
+            CudaPrecision::F32 => KvCacheType::F32,
+        })
+    }
 }
 
 impl Default for ModelConfig {
@@ -77,8 +151,9 @@ impl Default for ModelConfig {
         ModelConfig {
             dir: None,
             backend: Backend::Auto,
-            max_slots: 8,
+            max_slots: None,
             cache_dir: None,
+            cuda: CudaConfig::default(),
         }
     }
 }
@@ -400,8 +475,23 @@ impl Config {
     /// Checks every bound; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let m = &self.model;
-        if m.max_slots == 0 || m.max_slots > 4096 {
-            return Err(invalid("model.max_slots", "must be between 1 and 4096"));
+        if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
+            return Err(invalid("model.max_slots", "must be between 1 and 4096 (or null)"));
+        }
+        match (m.cuda.precision, m.cuda.kv()) {
+            (CudaPrecision::Bf16, KvCacheType::F32) => {
+                return Err(invalid(
+                    "model.cuda.kv_cache",
+                    "an f32 KV cache needs `model.cuda.precision` f32",
+                ))
+            }
+            (CudaPrecision::F32, KvCacheType::Bf16 | KvCacheType::Fp8) => {
+                return Err(invalid(
+                    "model.cuda.kv_cache",
+                    "with `model.cuda.precision` f32 the KV cache is f32",
+                ))
+            }
+            _ => {}
         }
         let r = &self.runtime;
         if r.io_cores == 0 || r.io_cores > 256 {
@@ -594,7 +684,7 @@ impl Config {
     pub fn lane_capacity_frames(&self) -> usize {
         // Every slot may have its in-flight frames in the lane at once, plus
         // one open and one close record per slot.
-        self.model.max_slots * (self.session.max_frames_in_flight + 2)
+        self.model.max_slots.unwrap_or(CPU_DEFAULT_SLOTS) * (self.session.max_frames_in_flight + 2)
     }
 }
 

@@ -13,6 +13,7 @@ pub const FRAME_MS: f64 = 80.0;
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
 pub mod agent;
+pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod codec;

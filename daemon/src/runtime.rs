@@ -10,7 +10,7 @@
 //! up to the grace period, then closes the rest with a reason, and joins
 //! every thread before returning.
 
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
 use crate::io::app::{CoreApp, Shared};
@@ -20,7 +20,6 @@ use crate::session::params::ModelInfo;
 use anyhow::{anyhow, bail, Context, Result};
 use glommio::{LocalExecutorBuilder, Placement};
 use moshid_model::checkpoint::CheckpointDir;
-use moshid_model::cpu::CpuModel;
 use moshid_model::spm::PieceTable;
 use moshid_model::streaming::StreamingModel;
 use std::net::SocketAddr;
@@ -145,19 +144,14 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
     };
     dir.check()
         .with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
-    match config.model.backend {
-        Backend::Cuda => bail!(
-            "config key `model.backend`: cuda was asked for, but {}",
-            moshid_kernels::UNAVAILABLE_REASON
-        ),
-        Backend::Auto => eprintln!(
-            "<6>backend: cpu (auto: {})",
-            moshid_kernels::UNAVAILABLE_REASON
-        ),
-        Backend::Cpu => eprintln!("<6>backend: cpu (configured)"),
-    }
-    let model = CpuModel::load(&dir, config.model.max_slots)
-        .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
+    let cache = config
+        .model
+        .cache_dir
+        .clone()
+        .unwrap_or_else(default_cache_dir);
+    let built = crate::backend::build(config, &dir, &cache)?;
+    eprintln!("<6>backend: {}", built.description);
+    let model = built.model;
     let pieces = match &dir.tokenizer {
         Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
         // A folder without a tokenizer: no token is printed as text.
@@ -176,7 +170,7 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             .map(|c| (c.name.clone(), c.possible_values.clone()))
             .collect(),
         is_hibiki: dir.lm.model_type == moshid_model::config::ModelType::Hibiki,
-        drain_text_eos: match model.lm().end_of_stream() {
+        drain_text_eos: match moshid_model::lm::end_of_stream_of(&dir.lm) {
             moshid_model::lm::EndOfStream::DrainUntilText { text_eos_id, .. } => Some(text_eos_id),
             moshid_model::lm::EndOfStream::WithInput => None,
         },
@@ -190,7 +184,7 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         format!("{} ({:?})", dir.dir.display(), dir.lm.model_type)
     };
     Ok(LoadedModel {
-        model: Box::new(model),
+        model,
         pieces,
         info,
         description,

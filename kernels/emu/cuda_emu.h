@@ -70,7 +70,9 @@ extern __thread emu_ctx_t emu_ctx;
 
 extern "C" {
 // Block barrier: returns when every live thread of the block has arrived.
-void emu_syncthreads(void);
+// `site` names the barrier in the source ("file:line"): threads that wait
+// together must wait at the same one.
+void emu_syncthreads(const char* site);
 // Warp barrier over the lanes of `mask`.
 void emu_syncwarp(unsigned mask);
 // A shuffle: `bits` is this lane's value, `src` the lane it reads from (or
@@ -78,7 +80,12 @@ void emu_syncwarp(unsigned mask);
 uint64_t emu_shuffle(unsigned mask, uint64_t bits, int src);
 }
 
-__forceinline__ void __syncthreads() { emu_syncthreads(); }
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+// A macro rather than a function so that the barrier's identity is its place
+// in the source: the host compiler may duplicate or merge the calls (it does
+// not know CUDA's convergence rules), the source line stays what it is.
+#define __syncthreads() emu_syncthreads(__FILE__ ":" EMU_STR(__LINE__))
 __forceinline__ void __syncwarp(unsigned mask = 0xffffffffu) { emu_syncwarp(mask); }
 
 namespace emu_detail {

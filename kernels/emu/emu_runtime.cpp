@@ -5,7 +5,7 @@
 // it reaches a barrier, a warp operation or its end. Then:
 // - a __syncthreads completes when every live (not exited) thread of the
 //   block waits at it (sm_70+ behaviour: exited threads drop out of the
-//   count), and all of them must wait at the same call site;
+//   count), and all of them must wait at the same one (same source line);
 // - a warp operation completes when every lane of its mask has arrived; a
 //   lane of the mask that has exited, or does not exist, is an error;
 // - a pass in which nothing can run while threads still wait is a deadlock:
@@ -33,7 +33,10 @@
 #include <memory>
 #include <vector>
 
-#if !defined(__x86_64__)
+// MOSHID_EMU_UCONTEXT forces the portable switch (to test it on x86-64).
+#if defined(__x86_64__) && !defined(MOSHID_EMU_UCONTEXT)
+#define EMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -47,13 +50,13 @@ constexpr unsigned kMaxThreads = 1024;
 enum State : unsigned char { READY, BARRIER, WARP, EXITED };
 
 struct Fiber {
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     void* sp;
 #else
     ucontext_t uc;
 #endif
     State st;
-    const void* site;  // return address of the barrier it waits at
+    const char* site;  // the barrier it waits at ("file:line")
 };
 
 struct Warp {
@@ -62,6 +65,8 @@ struct Warp {
     int src[32];
     unsigned mask;     // mask of the operation in progress
     unsigned arrived;  // lanes that have arrived at it
+    unsigned exists;   // lanes that exist in this block
+    unsigned exited;   // lanes that have exited
     int kind;          // 0 shuffle, 1 syncwarp
 };
 
@@ -74,7 +79,7 @@ struct Sched {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<unsigned> order;
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     void* main_sp = nullptr;
 #else
     ucontext_t main_uc;
@@ -127,7 +132,7 @@ char* stack_top(Sched* s, unsigned i) { return s->stacks + (size_t)(i + 1) * (kS
 
 // ---------------------------------------------------------------- context switch
 
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
 extern "C" void emu_switch(void** save_sp, void* load_sp);
 // Saves the callee-saved registers on the current stack, stores the stack
 // pointer in *save_sp, loads load_sp and restores what that stack saved.
@@ -159,7 +164,7 @@ emu_switch:
 
 void fiber_init(Sched* s, unsigned i) {
     char* top = stack_top(s, i);
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     // [top-8]: a null fake return address of fiber_main; [top-16]: the address
     // emu_switch's `ret` jumps to (16-byte aligned, so that fiber_main starts
     // with rsp ≡ 8 mod 16 as after a call); below, six zeroed registers.
@@ -185,7 +190,7 @@ inline void run_fiber(Sched* s, unsigned i) {
     s->cur = i;
     emu_ctx.thread_idx.x = i;
     ++s->switches;
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     emu_switch(&s->main_sp, s->fibers[i].sp);
 #else
     swapcontext(&s->main_uc, &s->fibers[i].uc);
@@ -196,7 +201,7 @@ inline void run_fiber(Sched* s, unsigned i) {
 inline void yield_to_main(Sched* s) {
     Fiber& f = s->fibers[s->cur];
     ++s->switches;
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     emu_switch(&f.sp, s->main_sp);
 #else
     swapcontext(&f.uc, &s->main_uc);
@@ -212,13 +217,14 @@ inline void yield_to_main(Sched* s) {
     Fiber& f = s->fibers[t];
     f.st = EXITED;
     --s->live;
-    const Warp& w = s->warps[t >> 5];
+    Warp& w = s->warps[t >> 5];
+    w.exited |= 1u << (t & 31);
     if (w.arrived != 0 && (w.mask & (1u << (t & 31)))) {
         snprintf(s->msg, sizeof s->msg, "thread %u exited while lanes of its warp %u wait for it in a warp %s", t,
                  t >> 5, w.kind == 0 ? "shuffle" : "__syncwarp");
         s->failed = true;
     }
-#if defined(__x86_64__)
+#if EMU_ASM_SWITCH
     void* dead;
     emu_switch(&dead, s->main_sp);
 #else
@@ -241,26 +247,25 @@ uint64_t warp_arrive(Sched* s, int kind, unsigned mask, uint64_t bits, int src) 
         s->failed = true;
         yield_to_main(s);
     }
-    // Lanes of the mask must exist and must not have exited.
-    for (unsigned l = 0; l < 32; ++l) {
-        if (!(mask & (1u << l))) continue;
-        const unsigned tt = wi * 32 + l;
-        if (tt >= s->n) {
+    if (w.arrived == 0) {
+        // The first lane to arrive checks the mask; a lane that exits later
+        // while the operation waits is caught in fiber_main.
+        const unsigned missing = mask & ~w.exists, gone = mask & w.exited;
+        if (missing) {
             snprintf(s->msg, sizeof s->msg,
-                     "thread %u: warp %s over mask 0x%08x names lane %u, which does not exist (block of %u threads)",
-                     t, what, mask, l, s->n);
+                     "thread %u: warp %s over mask 0x%08x names lane %d, which does not exist (block of %u threads)",
+                     t, what, mask, __builtin_ctz(missing), s->n);
             s->failed = true;
             yield_to_main(s);
         }
-        if (s->fibers[tt].st == EXITED) {
+        if (gone) {
+            const unsigned l = (unsigned)__builtin_ctz(gone);
             snprintf(s->msg, sizeof s->msg,
                      "thread %u: warp %s over mask 0x%08x waits for lane %u (thread %u), which has exited", t, what,
-                     mask, l, tt);
+                     mask, l, wi * 32 + l);
             s->failed = true;
             yield_to_main(s);
         }
-    }
-    if (w.arrived == 0) {
         w.mask = mask;
         w.kind = kind;
     } else if (w.mask != mask || w.kind != kind) {
@@ -341,12 +346,18 @@ void permute(Sched* s, unsigned order, std::vector<unsigned>& v, unsigned n) {
 
 bool run_block(Sched* s, unsigned order) {
     for (unsigned i = 0; i < s->n; ++i) fiber_init(s, i);
-    for (auto& w : s->warps) w.arrived = 0;
+    for (unsigned i = 0; i < s->warps.size(); ++i) {
+        Warp& w = s->warps[i];
+        const unsigned lanes = s->n - i * 32 >= 32 ? 32 : s->n - i * 32;
+        w.arrived = 0;
+        w.exited = 0;
+        w.exists = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+    }
     s->live = s->n;
     s->at_barrier = 0;
     for (;;) {
         bool ran = false;
-        permute(s, order, s->order, s->n);
+        if (order >= 2 || s->order.size() != s->n) permute(s, order, s->order, s->n);
         for (unsigned k = 0; k < s->n; ++k) {
             const unsigned i = s->order[k];
             if (s->fibers[i].st != READY) continue;
@@ -356,19 +367,21 @@ bool run_block(Sched* s, unsigned order) {
         }
         if (s->live == 0) return true;
         if (s->at_barrier == s->live) {
-            const void* site = nullptr;
+            const char* site = nullptr;
+            unsigned first = 0;
             for (unsigned i = 0; i < s->n; ++i) {
                 Fiber& f = s->fibers[i];
                 if (f.st != BARRIER) continue;
-                if (site && f.site != site) {
+                if (!site) {
+                    site = f.site;
+                    first = i;
+                } else if (f.site != site && strcmp(f.site, site) != 0) {
                     snprintf(s->msg, sizeof s->msg,
-                             "divergent __syncthreads: threads wait at different barriers (thread %u and an earlier "
-                             "one)",
-                             i);
+                             "divergent __syncthreads: thread %u waits at %s, thread %u at %s", first, site, i,
+                             f.site);
                     s->failed = true;
                     return false;
                 }
-                site = f.site;
                 f.st = READY;
             }
             s->at_barrier = 0;
@@ -387,11 +400,11 @@ bool run_block(Sched* s, unsigned order) {
 
 // ---------------------------------------------------------------- entry points for the kernels
 
-extern "C" void emu_syncthreads(void) {
+extern "C" void emu_syncthreads(const char* site) {
     Sched* s = tls_sched;
     Fiber& f = s->fibers[s->cur];
     f.st = BARRIER;
-    f.site = __builtin_return_address(0);
+    f.site = site;
     ++s->at_barrier;
     yield_to_main(s);
 }
@@ -427,6 +440,7 @@ int moshid_emu_launch(emu::thunk_t thunk, const unsigned* grid, unsigned block, 
     s->failed = false;
     s->msg[0] = 0;
     s->rng = order;
+    s->order.clear();
     emu_ctx.block_dim = {block, 1, 1};
     emu_ctx.grid_dim = {grid[0], grid[1], grid[2]};
     emu_ctx.thread_idx = {0, 0, 0};

@@ -13,18 +13,21 @@ extern "C" __global__ void __launch_bounds__(1024) emu_selftest_shuffles(int* ou
     out[4 * t + 3] = __shfl_sync(0xffffffffu, v, 7);
 }
 
-// out[t] = t + 1 (mod blockDim) through shared memory; `barrier` 0 leaves the
-// barrier out, so the result depends on the order the threads run in.
+// out[t] = t + 1 (mod blockDim) through shared memory, which is first
+// poisoned with -1; `barrier` 0 leaves the second barrier out, so the result
+// depends on the order the threads run in.
 extern "C" __global__ void __launch_bounds__(1024) emu_selftest_neighbour(int* out, int barrier) {
     __shared__ int s[1024];
     const int t = threadIdx.x;
+    s[t] = -1;
+    __syncthreads();
     s[t] = t;
     if (barrier) __syncthreads();
     out[t] = s[(t + 1) % blockDim.x];
 }
 
 // Threads ≥ live exit first; the others meet at a barrier (sm_70+: exited
-// threads drop out of it), then sum their warp when it is whole.
+// threads drop out of it) and read each other's values.
 extern "C" __global__ void __launch_bounds__(1024) emu_selftest_exit_then_sync(int* out, int live) {
     __shared__ int s[1024];
     const int t = threadIdx.x;
@@ -36,7 +39,8 @@ extern "C" __global__ void __launch_bounds__(1024) emu_selftest_exit_then_sync(i
 
 // The misuses, by `mode`: 0 a shuffle waiting for a lane that exited; 1 a
 // barrier while lanes wait in a shuffle for the thread at it (deadlock); 2
-// two different barriers (divergent __syncthreads).
+// two different barriers (divergent __syncthreads; the stores around them
+// keep the compiler from merging the two calls).
 extern "C" __global__ void __launch_bounds__(1024) emu_selftest_misuse(int* out, int mode) {
     const int t = threadIdx.x;
     float v = (float)t;
@@ -49,10 +53,25 @@ extern "C" __global__ void __launch_bounds__(1024) emu_selftest_misuse(int* out,
         else
             v = __shfl_xor_sync(0xffffffffu, v, 1);
     } else {
-        if (t & 1)
+        if (t & 1) {
+            out[t] = 1;
             __syncthreads();
-        else
+            out[t] = 2;
+        } else {
             __syncthreads();
+            out[t] = 3;
+        }
+        return;
     }
     out[t] = (int)v;
+}
+
+// `rounds` barriers and as many warp sums: the scheduler's cost alone.
+extern "C" __global__ void __launch_bounds__(1024) emu_selftest_spin(int* out, int rounds) {
+    float v = (float)threadIdx.x;
+    for (int r = 0; r < rounds; ++r) {
+        __syncthreads();
+        v = warp_sum(v) * (1.f / 32.f);
+    }
+    out[threadIdx.x] = (int)v;
 }

@@ -664,3 +664,56 @@ fn random_weights_give_finite_audio() {
     let mem = m.memory();
     assert!(mem.weights > 0 && mem.state_per_slot > 0 && mem.scratch > 0);
 }
+
+/// The real Mimi shape (random weights): its per-slot state is what the
+/// memory plan counts, and a few frames of the real geometry (512 channels,
+/// 2048-entry codebooks of width 256, head width 64) launch and give finite
+/// audio.
+#[test]
+fn real_shape_matches_the_memory_plan_and_runs() {
+    use moshid_kernels::plan::{MemoryPlan, PlanOptions};
+    use moshid_model::config::LmConfig;
+    let cfg = MimiConfig::mimi_default();
+    let t0 = Instant::now();
+    let mut dev = EmuDevice::new();
+    let m = GpuMimi::random(&mut dev, &cfg, 8, 1, 1, 1).expect("random real-shape Mimi");
+    let load = t0.elapsed().as_secs_f64();
+    assert_eq!((m.frame_samples(), m.num_codebooks()), (1920, 8));
+    let mem = m.memory();
+    let plan = MemoryPlan::new(&LmConfig::moshi_7b(), &cfg, &PlanOptions::default());
+    assert_eq!(mem.state_per_slot as u64, plan.mimi_state_bytes_per_slot);
+    let fs = m.frame_samples();
+    let steps = dev.alloc(16).unwrap();
+    let pcm = dev.alloc(fs * 4).unwrap();
+    let codes = dev.alloc(8 * 4).unwrap();
+    let out = dev.alloc(fs * 4).unwrap();
+    let s: Vec<u8> = [0i32, 1, 0, -1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    dev.upload(steps, &s).unwrap();
+    let t1 = Instant::now();
+    let frames = 2;
+    for f in 0..frames {
+        let x: Vec<u8> = (0..fs)
+            .map(|i| ((i + f * fs) as f32 * 0.01).sin() * 0.3)
+            .flat_map(f32::to_le_bytes)
+            .collect();
+        dev.upload(pcm, &x).unwrap();
+        m.encode(&mut dev, 1, steps, pcm, codes, 8).unwrap();
+        m.decode(&mut dev, 1, steps, codes, 8, out).unwrap();
+    }
+    dev.synchronize().unwrap();
+    let mut ob = vec![0u8; fs * 4];
+    dev.download(out, &mut ob).unwrap();
+    let audio = f32s(&ob);
+    assert!(audio.iter().all(|v| v.is_finite()));
+    let rms = (audio.iter().map(|v| (v * v) as f64).sum::<f64>() / fs as f64).sqrt();
+    assert!(rms > 0.0);
+    println!(
+        "real Mimi shape, random weights: {mem:?} (plan: {} weight bytes), loaded in {load:.1} s; \
+         {frames} frames encode + decode in {:.1} s on the emulator, output rms {rms:.3e}",
+        plan.mimi_weight_bytes,
+        t1.elapsed().as_secs_f64()
+    );
+}

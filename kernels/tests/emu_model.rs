@@ -69,3 +69,18 @@ fn graphs_replay_what_direct_launches_do() {
         assert_eq!(a, b, "{}: graph replay differs from direct launches", dir.display());
     }
 }
+
+#[test]
+fn f32_lm_reproduces_the_lm_fixtures() {
+    use moshid_kernels::ops::attention::KvType;
+    for dir in fixture_dirs("lm_config.json") {
+        let a = common::lm_golden::run(&dir, EmuDevice::new, Precision::F32, KvType::F32);
+        println!("{} f32 LM: {a}", dir.display());
+        assert!(a.entries > 0);
+        assert_eq!(a.agree, a.entries, "{}: {a}", dir.display());
+        assert!(a.logits_rel <= 1e-4, "{}: {a}", dir.display());
+        assert_eq!(a.reuse_mismatches, 0, "{}: {a}", dir.display());
+        let b = common::lm_golden::run(&dir, EmuDevice::new, Precision::Bf16, KvType::Bf16);
+        println!("{} bf16 LM: {b}", dir.display());
+    }
+}

@@ -84,8 +84,11 @@ mod ffi {
             err: *mut c_char,
             err_len: usize,
         ) -> i32;
-        pub fn moshid_emu_alloc(bytes: usize, map: *mut *mut c_void, map_len: *mut usize)
-            -> *mut c_void;
+        pub fn moshid_emu_alloc(
+            bytes: usize,
+            map: *mut *mut c_void,
+            map_len: *mut usize,
+        ) -> *mut c_void;
         pub fn moshid_emu_free(map: *mut c_void, map_len: usize);
         pub fn moshid_emu_switches() -> u64;
     }
@@ -423,12 +426,10 @@ impl EmuDevice {
         cols: usize,
         ld: usize,
     ) -> DeviceResult<()> {
-        if ptr % t.bytes() as u64 != 0 {
+        if !ptr.is_multiple_of(t.bytes() as u64) {
             return Err(shape("gemm", format!("operand {ptr:#x} is misaligned")));
         }
-        let elems = (rows - 1)
-            .checked_mul(ld)
-            .and_then(|v| v.checked_add(cols));
+        let elems = (rows - 1).checked_mul(ld).and_then(|v| v.checked_add(cols));
         let bytes = elems.and_then(|e| e.checked_mul(t.bytes()));
         match bytes {
             Some(b) => self.check_range("gemm", ptr, b),
@@ -481,7 +482,10 @@ impl EmuDevice {
             if arg_kind(a) != kind {
                 return Err(shape(
                     name,
-                    format!("argument {i} is {a:?}, the kernel takes {}", kind_name(kind)),
+                    format!(
+                        "argument {i} is {a:?}, the kernel takes {}",
+                        kind_name(kind)
+                    ),
                 ));
             }
             if let Arg::Ptr(p) = *a {
@@ -650,7 +654,15 @@ fn f32_to_bf16(f: f32) -> u16 {
 ///
 /// # Safety
 /// The rows must lie inside a live allocation, aligned for `t`.
-unsafe fn widen(p: DevPtr, t: DType, r0: usize, rows: usize, ld: usize, cols: usize, out: &mut [f32]) {
+unsafe fn widen(
+    p: DevPtr,
+    t: DType,
+    r0: usize,
+    rows: usize,
+    ld: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     for r in 0..rows {
         let row = &mut out[r * cols..(r + 1) * cols];
         let start = (r0 + r) * ld;
@@ -712,7 +724,11 @@ fn gemm(g: &Gemm) {
                     match g.c_type {
                         DType::F32 => {
                             let p = (g.c as *mut f32).add(idx);
-                            let old = if g.beta != 0.0 { g.beta * p.read() } else { 0.0 };
+                            let old = if g.beta != 0.0 {
+                                g.beta * p.read()
+                            } else {
+                                0.0
+                            };
                             p.write(g.alpha * acc + old);
                         }
                         DType::Bf16 => {
@@ -772,8 +788,12 @@ impl Device for EmuDevice {
         let layout = std::alloc::Layout::from_size_align(bytes.max(1), 64)
             .map_err(|e| shape("alloc_host", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or(DeviceError::OutOfMemory { asked: bytes, free: 0 })?;
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(
+            DeviceError::OutOfMemory {
+                asked: bytes,
+                free: 0,
+            },
+        )?;
         let mem = Arc::new(HostMem { ptr, layout });
         self.hosts.push((ptr.as_ptr() as usize, bytes, mem.clone()));
         Ok(HostBuf::new(Box::new(EmuHost { mem, bytes })))
@@ -939,13 +959,20 @@ mod tests {
         let names = kernel_names();
         for m in crate::compile::MODULES {
             for k in m.kernels {
-                assert!(names.contains(k), "{k} of {} is not in the emulator", m.file);
+                assert!(
+                    names.contains(k),
+                    "{k} of {} is not in the emulator",
+                    m.file
+                );
             }
         }
         let own = names.iter().filter(|n| !n.starts_with("emu_selftest_"));
         assert_eq!(
             own.count(),
-            crate::compile::MODULES.iter().map(|m| m.kernels.len()).sum::<usize>()
+            crate::compile::MODULES
+                .iter()
+                .map(|m| m.kernels.len())
+                .sum::<usize>()
         );
     }
 

@@ -345,25 +345,38 @@ impl<D: Device> GpuModel<D> {
         dev.copy_to_host(&self.host_out, 0, self.dev_out, l.out_bytes)
     }
 
+    /// Runs bucket plan `p`: directly when graphs are off; with graphs, the
+    /// bucket's first step runs directly too (so that libraries initialise
+    /// lazily outside any capture) and its graph is captured right after —
+    /// capturing runs nothing — to be replayed from the next step on.
     fn run_bucket(&mut self, p: usize) -> Result<(), crate::device::DeviceError> {
-        if !self.opts.graphs {
-            self.issue(p)?;
-        } else {
-            let g = match self.plans[p].graph {
-                Some(g) => g,
-                None => {
-                    self.dev.begin_capture()?;
-                    let issued = self.issue(p);
-                    let captured = self.dev.end_capture();
-                    issued?;
-                    let g = captured?;
-                    self.plans[p].graph = Some(g);
-                    g
-                }
-            };
-            self.dev.launch_graph(g)?;
+        match self.plans[p].graph {
+            Some(g) if self.opts.graphs => self.dev.launch_graph(g)?,
+            _ => self.issue(p)?,
         }
-        self.dev.synchronize()
+        self.dev.synchronize()?;
+        if self.opts.graphs && self.plans[p].graph.is_none() {
+            self.dev.begin_capture()?;
+            let issued = self.issue(p);
+            let captured = self.dev.end_capture();
+            issued?;
+            self.plans[p].graph = Some(captured?);
+        }
+        Ok(())
+    }
+
+    /// Moves `slot`'s stream position forward by `steps` without computing
+    /// them, so that its attention spans as many positions as after `steps`
+    /// real steps (up to the context). **For timing only**: the skipped KV
+    /// entries hold whatever the cache held, so the slot's outputs are
+    /// meaningless until it is reset.
+    pub fn fast_forward_for_timing(&mut self, slot: usize, steps: usize) -> Result<(), GpuError> {
+        if slot >= self.max_slots {
+            return Err(GpuError::Unsupported(format!("slot {slot} ≥ max_slots {}", self.max_slots)));
+        }
+        self.offset[slot] += steps;
+        self.lm.set_offset(&mut self.dev, slot, self.offset[slot])?;
+        Ok(())
     }
 }
 

@@ -6,3 +6,5 @@
 
 pub mod compare;
 pub mod fixtures;
+pub mod lm_driver;
+pub mod lm_golden;

@@ -178,6 +178,18 @@ pub enum EndOfStream {
     },
 }
 
+/// How a stream of a model of `cfg` ends (see [`EndOfStream`]), whatever
+/// backend runs it.
+pub fn end_of_stream_of(cfg: &LmConfig) -> EndOfStream {
+    match cfg.model_type {
+        ModelType::Moshi => EndOfStream::WithInput,
+        ModelType::Hibiki => EndOfStream::DrainUntilText {
+            eos_user_code: cfg.card as u32,
+            text_eos_id: HIBIKI_TEXT_EOS as u32,
+        },
+    }
+}
+
 /// The text id the Hibiki loader treats as end of text: it copies the
 /// padding row (3) over this row of `text_emb` after loading.
 const HIBIKI_TEXT_EOS: usize = 2;
@@ -265,13 +277,7 @@ impl Lm {
 
     /// How a stream of this model ends (see [`EndOfStream`]).
     pub fn end_of_stream(&self) -> EndOfStream {
-        match self.cfg.model_type {
-            ModelType::Moshi => EndOfStream::WithInput,
-            ModelType::Hibiki => EndOfStream::DrainUntilText {
-                eos_user_code: self.cfg.card as u32,
-                text_eos_id: HIBIKI_TEXT_EOS as u32,
-            },
-        }
+        end_of_stream_of(&self.cfg)
     }
 
     /// Fills `out` (`num_user_codebooks` values) with the user codes of the

@@ -367,6 +367,20 @@ impl GpuLm {
         Ok(Ok(setup.cfg_coef.is_some()))
     }
 
+    /// Sets `slot`'s step counter (the token cache's offset) to `offset`
+    /// (timing: see `GpuModel::fast_forward_for_timing`).
+    pub fn set_offset<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        slot: usize,
+        offset: usize,
+    ) -> Result<(), GpuError> {
+        let v = i32::try_from(offset)
+            .map_err(|_| GpuError::Unsupported(format!("offset {offset} too large")))?;
+        dev.upload(self.tc.offset + (slot * 4) as u64, as_bytes(&[v]))?;
+        Ok(())
+    }
+
     /// Issues one frame for `bucket` slot-steps (see the module doc).
     pub fn issue_step<D: Device + ?Sized>(
         &self,

@@ -1,0 +1,189 @@
+//! Choosing and building the model backend: the float32 CPU reference, or
+//! the GPU model on a CUDA device.
+//!
+//! `model.backend = "auto"` runs CUDA when a driver is present and the
+//! device opens (its kernels compile with NVRTC), and otherwise the CPU; the
+//! log says which and why. `"cuda"` fails the start with the device's own
+//! error instead of falling back. The driver is looked for with
+//! `is_culib_present` before any CUDA call (cudarc panics on a missing
+//! libcuda otherwise), inside `CudaDevice::open`.
+//!
+//! With CUDA and no `model.max_slots`, the slot count is the largest the
+//! memory plan fits into the device's free memory less
+//! `model.cuda.memory_reserve_mib`, and it is printed.
+
+use crate::config::{Backend, Config, CudaPrecision, KvCacheType, CPU_DEFAULT_SLOTS};
+use anyhow::{anyhow, bail, Context, Result};
+use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
+use moshid_kernels::device::{Device, DeviceError};
+use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
+use moshid_kernels::plan::{KvDtype, MemoryPlan, PlanOptions};
+use moshid_model::checkpoint::CheckpointDir;
+use moshid_model::cpu::CpuModel;
+use moshid_model::streaming::StreamingModel;
+use std::path::Path;
+
+/// A built backend and one line saying what it is.
+pub struct Built {
+    /// The model.
+    pub model: Box<dyn StreamingModel>,
+    /// E.g. "cuda (NVIDIA H200, sm_90; bf16, bf16 KV cache, graphs; 64 slots …)".
+    pub description: String,
+}
+
+fn open_device(config: &Config, cache: &Path) -> Result<CudaDevice, DeviceError> {
+    let c = &config.model.cuda;
+    let opts = CudaOpenOptions {
+        include_dirs: c.include_dirs.clone(),
+        cache_dir: Some(c.ptx_cache_dir.clone().unwrap_or_else(|| cache.join("ptx"))),
+        ..CudaOpenOptions::default()
+    };
+    CudaDevice::open(c.device, &opts)
+}
+
+/// Builds the configured backend for the checkpoint in `dir`.
+pub fn build(config: &Config, dir: &CheckpointDir, cache: &Path) -> Result<Built> {
+    let device = match config.model.backend {
+        Backend::Cpu => {
+            return cpu(config, dir, "configured".into());
+        }
+        Backend::Cuda => open_device(config, cache).with_context(|| {
+            format!(
+                "config key `model.backend`: cuda was asked for, but device {} cannot be used",
+                config.model.cuda.device
+            )
+        })?,
+        Backend::Auto => match open_device(config, cache) {
+            Ok(d) => d,
+            Err(DeviceError::NoDriver) => {
+                return cpu(config, dir, "auto: no CUDA driver on this machine".into());
+            }
+            Err(e) => {
+                eprintln!("<4>backend: CUDA device {} is unusable: {e}", config.model.cuda.device);
+                return cpu(config, dir, format!("auto: the CUDA device is unusable: {e}"));
+            }
+        },
+    };
+    gpu(config, dir, device)
+}
+
+fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
+    let slots = config.model.max_slots.unwrap_or(CPU_DEFAULT_SLOTS);
+    let model = CpuModel::load(dir, slots)
+        .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
+    Ok(Built {
+        model: Box::new(model),
+        description: format!("cpu ({why}; {slots} slots)"),
+    })
+}
+
+/// The GPU model on `dev` (a [`CudaDevice`] when serving; any [`Device`] in tests).
+pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) -> Result<Built> {
+    let c = &config.model.cuda;
+    let (precision, kv) = match (c.precision, c.kv()) {
+        (CudaPrecision::Bf16, KvCacheType::Bf16) => (Precision::Bf16, KvDtype::Bf16),
+        (CudaPrecision::Bf16, KvCacheType::Fp8) => (Precision::Bf16, KvDtype::Fp8E4m3),
+        (CudaPrecision::F32, KvCacheType::F32) => (Precision::F32, KvDtype::F32),
+        (p, k) => bail!("config key `model.cuda.kv_cache`: {k:?} with precision {p:?}"),
+    };
+    let name = dev.name();
+    let (free, total) = dev.memory().context("reading the GPU's free memory")?;
+    let reserve = c.memory_reserve_mib << 20;
+    let mut plan = MemoryPlan::new(
+        &dir.lm,
+        &dir.mimi,
+        &PlanOptions {
+            lm_kv: kv,
+            ..PlanOptions::default()
+        },
+    );
+    if precision == Precision::F32 {
+        plan.lm_weight_bytes *= 2;
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let (slots, how) = match config.model.max_slots {
+        Some(n) => {
+            plan.check_fits(n, free as u64, reserve)
+                .map_err(|e| anyhow!("config key `model.max_slots`: {e}"))?;
+            (n, "configured".to_string())
+        }
+        None => {
+            let n = plan
+                .max_slots(free as u64, reserve)
+                .map_err(|e| anyhow!("deriving `model.max_slots` from GPU memory: {e}"))?;
+            (
+                n.min(4096),
+                format!(
+                    "from {:.1} of {:.1} GiB free, {:.1} GiB reserved, {:.2} GiB per slot",
+                    gib(free as u64),
+                    gib(total as u64),
+                    gib(reserve),
+                    gib(plan.bytes_for(2) - plan.bytes_for(1)),
+                ),
+            )
+        }
+    };
+    eprintln!("<6>backend: cuda on {name}: building for {slots} slots ({how})");
+    let opts = GpuOptions {
+        max_slots: slots,
+        precision,
+        kv,
+        graphs: c.graphs,
+        ..GpuOptions::default()
+    };
+    let model = GpuModel::load(dev, dir, &opts)
+        .with_context(|| format!("loading the weights in {} onto the GPU", dir.dir.display()))?;
+    Ok(Built {
+        model: Box::new(model),
+        description: format!(
+            "cuda ({name}; {precision:?} weights, {kv:?} KV cache, graphs {}; {slots} slots, {how})",
+            if c.graphs { "on" } else { "off" }
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moshid_kernels::device::emu::EmuDevice;
+
+    fn fixture() -> CheckpointDir {
+        let d = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden/moshi-tiny"));
+        CheckpointDir::open(d).expect("the moshi-tiny golden fixture")
+    }
+
+    #[test]
+    fn slots_are_derived_from_free_memory_and_printed() {
+        let dir = fixture();
+        let mut config = Config::default();
+        config.model.cuda.memory_reserve_mib = 1;
+        let plan = MemoryPlan::new(&dir.lm, &dir.mimi, &PlanOptions::default());
+        // Room for the reserve, the fixed buffers and exactly three slots.
+        let limit = (1 << 20) + plan.bytes_for(3) as usize + 1024;
+        let built = gpu(&config, &dir, EmuDevice::with_memory(limit)).unwrap();
+        assert_eq!(built.model.max_slots(), 3, "{}", built.description);
+        assert!(built.description.contains("3 slots"), "{}", built.description);
+        assert!(built.description.contains("GiB free"), "{}", built.description);
+    }
+
+    #[test]
+    fn configured_slots_that_do_not_fit_are_refused_naming_the_key() {
+        let dir = fixture();
+        let mut config = Config::default();
+        config.model.max_slots = Some(4096);
+        let e = gpu(&config, &dir, EmuDevice::with_memory(64 << 20)).err().unwrap();
+        assert!(format!("{e:#}").contains("model.max_slots"), "{e:#}");
+    }
+
+    #[test]
+    fn auto_without_a_driver_runs_the_cpu_and_says_why() {
+        let dir = fixture();
+        let mut config = Config::default();
+        config.model.max_slots = Some(2);
+        let built = build(&config, &dir, &std::env::temp_dir()).unwrap();
+        if moshid_kernels::device::cuda::CudaDevice::open(0, &Default::default()).is_err() {
+            assert!(built.description.starts_with("cpu (auto"), "{}", built.description);
+            assert_eq!(built.model.max_slots(), 2);
+        }
+    }
+}
