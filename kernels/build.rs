@@ -8,7 +8,9 @@
 //! lines) inside `namespace emu_mod_NAME` (so that helpers of the common
 //! header, compiled into every module, never clash when the modules link
 //! together; the kernels are `extern "C"` with names unique across modules, a
-//! test of compile.rs checks it), then the module's kernel table: for every
+//! test of compile.rs checks it, and a macro renames them `moshid_emu_k_NAME`
+//! so that their C symbols cannot clash with another library's), then the
+//! module's kernel table (which keeps the sources' names): for every
 //! `extern "C" __global__` function found in the source, its name, a thunk
 //! that calls it with parameter i read from `args[i]` as its declared type
 //! (deduced from the function's type, no signature parsing), its parameter
@@ -135,6 +137,11 @@ fn main() {
         )
         .unwrap();
         writeln!(tu, "#include \"cuda_emu.h\"\n").unwrap();
+        // The kernels' C symbols get a prefix, so that no other library of
+        // the final binary can clash with them (`add_f32`, `gelu_f32`, …).
+        for k in &kernels {
+            writeln!(tu, "#define {0} moshid_emu_k_{0}", k.name).unwrap();
+        }
         writeln!(tu, "namespace {ns} {{").unwrap();
         writeln!(tu, "#include \"{}\"", common.display()).unwrap();
         writeln!(tu, "#include \"{}\"", file.display()).unwrap();
@@ -152,6 +159,9 @@ fn main() {
             writeln!(tu, "    {{nullptr, nullptr, 0, nullptr, nullptr, 0}},").unwrap();
         }
         writeln!(tu, "}};").unwrap();
+        for k in &kernels {
+            writeln!(tu, "#undef {}", k.name).unwrap();
+        }
         writeln!(
             tu,
             "extern \"C\" const unsigned moshid_emu_{module}_count = {};",

@@ -59,8 +59,15 @@ pub fn build(config: &Config, dir: &CheckpointDir, cache: &Path) -> Result<Built
                 return cpu(config, dir, "auto: no CUDA driver on this machine".into());
             }
             Err(e) => {
-                eprintln!("<4>backend: CUDA device {} is unusable: {e}", config.model.cuda.device);
-                return cpu(config, dir, format!("auto: the CUDA device is unusable: {e}"));
+                eprintln!(
+                    "<4>backend: CUDA device {} is unusable: {e}",
+                    config.model.cuda.device
+                );
+                return cpu(
+                    config,
+                    dir,
+                    format!("auto: the CUDA device is unusable: {e}"),
+                );
             }
         },
     };
@@ -148,7 +155,10 @@ mod tests {
     use moshid_kernels::device::emu::EmuDevice;
 
     fn fixture() -> CheckpointDir {
-        let d = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden/moshi-tiny"));
+        let d = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/golden/moshi-tiny"
+        ));
         CheckpointDir::open(d).expect("the moshi-tiny golden fixture")
     }
 
@@ -162,8 +172,16 @@ mod tests {
         let limit = (1 << 20) + plan.bytes_for(3) as usize + 1024;
         let built = gpu(&config, &dir, EmuDevice::with_memory(limit)).unwrap();
         assert_eq!(built.model.max_slots(), 3, "{}", built.description);
-        assert!(built.description.contains("3 slots"), "{}", built.description);
-        assert!(built.description.contains("GiB free"), "{}", built.description);
+        assert!(
+            built.description.contains("3 slots"),
+            "{}",
+            built.description
+        );
+        assert!(
+            built.description.contains("GiB free"),
+            "{}",
+            built.description
+        );
     }
 
     #[test]
@@ -171,7 +189,9 @@ mod tests {
         let dir = fixture();
         let mut config = Config::default();
         config.model.max_slots = Some(4096);
-        let e = gpu(&config, &dir, EmuDevice::with_memory(64 << 20)).err().unwrap();
+        let e = gpu(&config, &dir, EmuDevice::with_memory(64 << 20))
+            .err()
+            .unwrap();
         assert!(format!("{e:#}").contains("model.max_slots"), "{e:#}");
     }
 
@@ -182,7 +202,11 @@ mod tests {
         config.model.max_slots = Some(2);
         let built = build(&config, &dir, &std::env::temp_dir()).unwrap();
         if moshid_kernels::device::cuda::CudaDevice::open(0, &Default::default()).is_err() {
-            assert!(built.description.starts_with("cpu (auto"), "{}", built.description);
+            assert!(
+                built.description.starts_with("cpu (auto"),
+                "{}",
+                built.description
+            );
             assert_eq!(built.model.max_slots(), 2);
         }
     }

@@ -476,7 +476,10 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let m = &self.model;
         if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
-            return Err(invalid("model.max_slots", "must be between 1 and 4096 (or null)"));
+            return Err(invalid(
+                "model.max_slots",
+                "must be between 1 and 4096 (or null)",
+            ));
         }
         match (m.cuda.precision, m.cuda.kv()) {
             (CudaPrecision::Bf16, KvCacheType::F32) => {

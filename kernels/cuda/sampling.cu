@@ -204,7 +204,7 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
         const u64 x = xoshiro_next(state);
         s[0] = state[0]; s[1] = state[1]; s[2] = state[2]; s[3] = state[3];
         s_u = (double)(x >> 11) * (1.0 / 9007199254740992.0) * total;
-        s_tok = -1;
+        s_tok = vocab;
         s_last = -1;
     }
     __syncthreads();
@@ -223,7 +223,10 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
             if (in) {
                 acc += exp(((double)v - mx) * inv_t);
                 if (u < acc) {
-                    s_tok = i;
+                    // Rounding of the scanned sums can let two neighbouring
+                    // ranges overlap at their seam: the lower index wins,
+                    // whatever the order the threads write in.
+                    atomicMin(&s_tok, i);
                     break;
                 }
             }
@@ -233,7 +236,7 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
     __syncthreads();
     if (tid == 0) {
         // Rounding left u past every running sum: the last candidate with weight.
-        const int tok = s_tok >= 0 ? s_tok : (s_last >= 0 ? s_last : argmax);
+        const int tok = s_tok < vocab ? s_tok : (s_last >= 0 ? s_last : argmax);
         *dst = (u32)tok;
     }
 }

@@ -9,7 +9,8 @@
 //
 // What it provides, and how close to CUDA:
 // - qualifiers (__global__, __device__, __forceinline__, __launch_bounds__)
-//   vanish; __restrict__ is g++'s own keyword;
+//   vanish (build.rs reads the launch bounds into the kernel table, where
+//   emu.rs checks block sizes against them); __restrict__ is g++'s own;
 // - __shared__ is `static __thread`: one copy per OS thread, shared by the
 //   fibers of the block being run on it (blocks of a launch run one after
 //   another on the launching thread, so "per block" holds; two devices used
@@ -18,7 +19,8 @@
 // - threadIdx / blockIdx / blockDim / gridDim read the scheduler's per-thread
 //   context (emu_runtime.cpp sets threadIdx before every switch to a fiber);
 // - __syncthreads, __syncwarp and the warp shuffles call into the fiber
-//   scheduler (emu_runtime.cpp), which checks their CUDA preconditions;
+//   scheduler (emu_runtime.cpp), which checks their CUDA preconditions
+//   (__syncthreads is a macro: a barrier is known by its source line);
 // - atomics are plain read-modify-writes: the threads of a block are fibers
 //   of one OS thread and blocks never run concurrently;
 // - bf16 and fp8 e4m3 convert exactly as CUDA does (round to nearest even;
@@ -35,6 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -78,6 +81,10 @@ void emu_syncwarp(unsigned mask);
 // A shuffle: `bits` is this lane's value, `src` the lane it reads from (or
 // -1: keep its own value). Returns the value of lane `src`.
 uint64_t emu_shuffle(unsigned mask, uint64_t bits, int src);
+// The running thread has returned from the kernel. Returns 1 when the next
+// thread of the pass has been started in its place (on the same stack: the
+// caller runs the kernel again), 0 when the caller must return.
+int emu_thread_exit(void);
 }
 
 #define EMU_STR2(x) #x
@@ -315,17 +322,22 @@ struct sig<void(P...)> {
     static constexpr unsigned n = sizeof...(P);
     static constexpr unsigned char kinds[sizeof...(P) + 1] = {kind<P>::code..., 0};
     static constexpr unsigned char aligns[sizeof...(P) + 1] = {target_align<P>::value..., 0};
+    // Reads the parameters once, then runs the kernel for the current thread
+    // and every thread the scheduler chains after it on this stack.
     template <size_t... I>
-    static __forceinline__ void call(void (*f)(P...), void** args, std::index_sequence<I...>) {
-        f(*static_cast<P*>(args[I])...);
+    static __forceinline__ void run(void (*f)(P...), void** args, std::index_sequence<I...>) {
+        const std::tuple<P...> a(*static_cast<P*>(args[I])...);
+        do {
+            f(std::get<I>(a)...);
+        } while (emu_thread_exit());
     }
 };
 
-// thunk<&kernel>(args): the kernel called with its parameters from args.
+// thunk<&kernel>(args): the kernel run with its parameters from args.
 template <auto F>
 void thunk(void** args) {
     using S = sig<std::remove_pointer_t<decltype(F)>>;
-    S::call(F, args, std::make_index_sequence<S::n>{});
+    S::run(F, args, std::make_index_sequence<S::n>{});
 }
 
 // One row of a module's kernel table (read by emu.rs through emu_runtime.cpp).

@@ -20,9 +20,12 @@
 //
 // Fiber switches are a few instructions of assembly on x86-64 (callee-saved
 // registers and the stack pointer); other architectures use ucontext, which
-// is correct but makes a system call per switch. Each fiber has a 64 KiB
-// stack under a guard page (an overflow faults instead of corrupting memory);
-// stacks belong to the OS thread and are reused by every launch on it.
+// is correct but makes a system call per switch. A thread takes a 64 KiB
+// stack (above a guard page: an overflow faults instead of corrupting
+// memory) when it starts and gives it back when it exits; a thread that exits
+// hands its stack straight to the next thread of the pass if that one has not
+// started, so a block without barriers costs two switches, not two per
+// thread. Stacks belong to the OS thread and are reused by every launch on it.
 #include "cuda_emu.h"
 
 #include <stdio.h>
@@ -56,6 +59,8 @@ struct Fiber {
     ucontext_t uc;
 #endif
     State st;
+    bool started;      // has run (then it owns a stack until it exits)
+    unsigned stack;    // the stack it runs on, once started
     const char* site;  // the barrier it waits at ("file:line")
 };
 
@@ -79,6 +84,8 @@ struct Sched {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<unsigned> order;
+    std::vector<unsigned> free_stacks;
+    unsigned pass_pos = 0;  // position in `order` of the pass being run
 #if EMU_ASM_SWITCH
     void* main_sp = nullptr;
 #else
@@ -162,8 +169,17 @@ emu_switch:
 
 [[noreturn]] void fiber_main();
 
-void fiber_init(Sched* s, unsigned i) {
-    char* top = stack_top(s, i);
+// Starts thread i on a free stack (from the scheduler).
+void start_fiber(Sched* s, unsigned i) {
+    const unsigned stack = s->free_stacks.back();
+    s->free_stacks.pop_back();
+    Fiber& f = s->fibers[i];
+    f.started = true;
+    f.stack = stack;
+    char* top = stack_top(s, stack);
+    s->cur = i;
+    emu_ctx.thread_idx.x = i;
+    ++s->switches;
 #if EMU_ASM_SWITCH
     // [top-8]: a null fake return address of fiber_main; [top-16]: the address
     // emu_switch's `ret` jumps to (16-byte aligned, so that fiber_main starts
@@ -172,21 +188,20 @@ void fiber_init(Sched* s, unsigned i) {
     *--sp = nullptr;
     *--sp = (void*)&fiber_main;
     for (int r = 0; r < 6; ++r) *--sp = nullptr;
-    s->fibers[i].sp = sp;
+    emu_switch(&s->main_sp, sp);
 #else
-    ucontext_t* uc = &s->fibers[i].uc;
+    ucontext_t* uc = &f.uc;
     getcontext(uc);
     uc->uc_stack.ss_sp = top - kStackBytes;
     uc->uc_stack.ss_size = kStackBytes;
     uc->uc_link = nullptr;
     makecontext(uc, (void (*)())fiber_main, 0);
+    swapcontext(&s->main_uc, uc);
 #endif
-    s->fibers[i].st = READY;
-    s->fibers[i].site = nullptr;
 }
 
-// From the scheduler into fiber `i`.
-inline void run_fiber(Sched* s, unsigned i) {
+// Resumes thread i where it waits (from the scheduler).
+inline void resume_fiber(Sched* s, unsigned i) {
     s->cur = i;
     emu_ctx.thread_idx.x = i;
     ++s->switches;
@@ -206,24 +221,18 @@ inline void yield_to_main(Sched* s) {
 #else
     swapcontext(&f.uc, &s->main_uc);
 #endif
-    // Resumed: threadIdx was set by run_fiber.
+    // Resumed: threadIdx was set by resume_fiber.
 }
 
+// The body of every stack: runs the kernel for its thread, and, through
+// emu_thread_exit, for the next threads of the pass as long as they have not
+// started yet (a kernel without barriers runs a whole block on one stack with
+// two switches); then frees the stack and goes back to the scheduler.
 [[noreturn]] void fiber_main() {
     Sched* s = tls_sched;
     s->thunk(s->args);
-    // The thread returned from the kernel.
-    const unsigned t = s->cur;
-    Fiber& f = s->fibers[t];
-    f.st = EXITED;
-    --s->live;
-    Warp& w = s->warps[t >> 5];
-    w.exited |= 1u << (t & 31);
-    if (w.arrived != 0 && (w.mask & (1u << (t & 31)))) {
-        snprintf(s->msg, sizeof s->msg, "thread %u exited while lanes of its warp %u wait for it in a warp %s", t,
-                 t >> 5, w.kind == 0 ? "shuffle" : "__syncwarp");
-        s->failed = true;
-    }
+    s->free_stacks.push_back(s->fibers[s->cur].stack);
+    ++s->switches;
 #if EMU_ASM_SWITCH
     void* dead;
     emu_switch(&dead, s->main_sp);
@@ -345,7 +354,14 @@ void permute(Sched* s, unsigned order, std::vector<unsigned>& v, unsigned n) {
 }
 
 bool run_block(Sched* s, unsigned order) {
-    for (unsigned i = 0; i < s->n; ++i) fiber_init(s, i);
+    for (unsigned i = 0; i < s->n; ++i) {
+        Fiber& f = s->fibers[i];
+        f.st = READY;
+        f.started = false;
+        f.site = nullptr;
+    }
+    s->free_stacks.resize(s->n);
+    for (unsigned i = 0; i < s->n; ++i) s->free_stacks[i] = s->n - 1 - i;
     for (unsigned i = 0; i < s->warps.size(); ++i) {
         Warp& w = s->warps[i];
         const unsigned lanes = s->n - i * 32 >= 32 ? 32 : s->n - i * 32;
@@ -358,10 +374,16 @@ bool run_block(Sched* s, unsigned order) {
     for (;;) {
         bool ran = false;
         if (order >= 2 || s->order.size() != s->n) permute(s, order, s->order, s->n);
-        for (unsigned k = 0; k < s->n; ++k) {
-            const unsigned i = s->order[k];
-            if (s->fibers[i].st != READY) continue;
-            run_fiber(s, i);
+        // A fiber may run several fresh threads of the pass in a row (it
+        // advances pass_pos): see fiber_main.
+        for (s->pass_pos = 0; s->pass_pos < s->n; ++s->pass_pos) {
+            const unsigned i = s->order[s->pass_pos];
+            Fiber& f = s->fibers[i];
+            if (f.st != READY) continue;
+            if (f.started)
+                resume_fiber(s, i);
+            else
+                start_fiber(s, i);
             ran = true;
             if (s->failed) return false;
         }
@@ -407,6 +429,33 @@ extern "C" void emu_syncthreads(const char* site) {
     f.site = site;
     ++s->at_barrier;
     yield_to_main(s);
+}
+
+extern "C" int emu_thread_exit(void) {
+    Sched* s = tls_sched;
+    const unsigned t = s->cur;
+    Fiber& f = s->fibers[t];
+    f.st = EXITED;
+    --s->live;
+    Warp& w = s->warps[t >> 5];
+    w.exited |= 1u << (t & 31);
+    if (w.arrived != 0 && (w.mask & (1u << (t & 31)))) {
+        snprintf(s->msg, sizeof s->msg, "thread %u exited while lanes of its warp %u wait for it in a warp %s", t,
+                 t >> 5, w.kind == 0 ? "shuffle" : "__syncwarp");
+        s->failed = true;
+    }
+    const unsigned k = s->pass_pos + 1;
+    if (s->failed || k >= s->n) return 0;
+    const unsigned next = s->order[k];
+    Fiber& g = s->fibers[next];
+    if (g.started || g.st != READY) return 0;
+    // Hand the stack over.
+    s->pass_pos = k;
+    g.started = true;
+    g.stack = f.stack;
+    s->cur = next;
+    emu_ctx.thread_idx.x = next;
+    return 1;
 }
 
 extern "C" void emu_syncwarp(unsigned mask) { warp_arrive(tls_sched, 1, mask, 0, -1); }

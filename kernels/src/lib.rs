@@ -1,38 +1,35 @@
-//! The CUDA backend of moshid — the parts that exist so far.
+//! The CUDA backend of moshid: the GPU model, its kernels and the devices
+//! that run them.
 //!
 //! What this crate holds:
-//! - `cuda/*.cu`: the kernels of the planned backend (norms, RoPE and the
-//!   ring KV cache, single-query attention, SiLU gating, embeddings with the
-//!   delayed token cache, top-k sampling with a per-slot RNG, Mimi's streaming
+//! - `cuda/*.cu`: the kernels (norms, RoPE and the ring KV cache,
+//!   single-query attention, SiLU gating, embeddings with the delayed token
+//!   cache, top-k sampling with a per-slot RNG, Mimi's streaming
 //!   convolutions and RVQ), mirroring the CPU reference in `moshid-model`;
 //! - [`compile`]: their NVRTC compile path with a PTX cache (cudarc,
 //!   dynamically loaded, so this crate builds where there is no CUDA at all);
-//! - [`ptxas`]: running `ptxas -v` on the PTX and reading its resource report
-//!   (`scripts/check-kernels`, the compile gate that needs no GPU);
+//!   [`ptxas`]: the resource report of `ptxas -v` (`scripts/check-kernels`,
+//!   the compile gate that needs no GPU);
+//! - [`device`]: the one interface the model runs on — [`device::cuda`] (a
+//!   GPU through the driver API, cuBLAS and CUDA graphs) and [`device::emu`]
+//!   (the same `.cu` sources compiled for the host, so that CI checks the
+//!   GPU model against the CPU reference without a GPU);
+//! - [`ops`]: typed launches of every kernel; [`model`]: Mimi and the LM as
+//!   launch sequences and [`model::GpuModel`], the engine's
+//!   `StreamingModel` on a device, with one CUDA graph per batch bucket;
 //! - [`plan`]: host-side memory planning (weights, KV cache, per-slot state,
-//!   scratch, `max_slots`, CUDA-graph buckets and keys);
-//! - [`rng`]: the per-slot xoshiro256++ state the sampling kernel advances,
-//!   seeded exactly as the CPU backend's generator;
-//! - [`launch`]: device opening, module loading and typed launch wrappers
-//!   (not yet for the token cache, embeddings, add and cast kernels) —
-//!   untested on a GPU (its GPU tests are `#[ignore]`d
-//!   for `scripts/gpu-check`), and not called by the daemon.
+//!   `max_slots` from free memory, batch buckets); [`rng`]: the per-slot
+//!   xoshiro256++ state the sampling kernel advances, seeded as the CPU
+//!   backend's generator; [`shapes`]: the published model shapes for timing.
 //!
-//! What it does not hold: a `StreamingModel` on the GPU. No kernel here has
-//! run on a GPU yet; the daemon refuses `backend = "cuda"` with
-//! [`UNAVAILABLE_REASON`].
+//! The CUDA device has not run on a GPU yet (`scripts/gpu-check` is what a
+//! machine with one runs); everything else is tested on the emulator.
 
 pub mod compile;
 pub mod device;
-pub mod launch;
 pub mod model;
 pub mod ops;
 pub mod plan;
 pub mod ptxas;
 pub mod rng;
 pub mod shapes;
-
-/// Why the CUDA backend cannot be used in this build.
-pub const UNAVAILABLE_REASON: &str =
-    "the CUDA backend is not implemented in this version of moshid (its kernels \
-     compile with NVRTC and its memory plan exists, but no model runs on a GPU yet)";

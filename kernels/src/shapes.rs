@@ -91,7 +91,10 @@ mod tests {
         assert_eq!(c.context, 500);
         assert_eq!(c.max_period, 100_000.0);
         assert_eq!(c.delays.len(), 33);
-        assert_eq!((c.delays[0], c.delays[1], c.delays[2], c.delays[17]), (0, 0, 2, 0));
+        assert_eq!(
+            (c.delays[0], c.delays[1], c.delays[2], c.delays[17]),
+            (0, 0, 2, 0)
+        );
         assert_eq!(c.max_delay(), 2);
         assert_eq!(c.ffn_hidden(), 7040);
         assert_eq!(c.depformer.num_weight_sets(c.dep_q), 9);

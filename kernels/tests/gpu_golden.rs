@@ -29,7 +29,12 @@ fn device() -> CudaDevice {
     CudaDevice::open(0, &opts).expect("opening CUDA device 0")
 }
 
-fn model(dir: &CheckpointDir, precision: Precision, kv: KvDtype, graphs: bool) -> GpuModel<CudaDevice> {
+fn model(
+    dir: &CheckpointDir,
+    precision: Precision,
+    kv: KvDtype,
+    graphs: bool,
+) -> GpuModel<CudaDevice> {
     let opts = GpuOptions {
         max_slots: SLOTS,
         precision,
@@ -90,9 +95,18 @@ fn cuda_graphs_replay_what_direct_launches_do() {
     for dir in fixture_dirs("lm_config.json") {
         let d = CheckpointDir::open(&dir).unwrap();
         let p = params(&d);
-        let a = outputs(&mut model(&d, Precision::Bf16, KvDtype::Bf16, false), &p, 10);
+        let a = outputs(
+            &mut model(&d, Precision::Bf16, KvDtype::Bf16, false),
+            &p,
+            10,
+        );
         let b = outputs(&mut model(&d, Precision::Bf16, KvDtype::Bf16, true), &p, 10);
         assert!(!a.is_empty());
-        assert_eq!(a, b, "{}: graph replay differs from direct launches", dir.display());
+        assert_eq!(
+            a,
+            b,
+            "{}: graph replay differs from direct launches",
+            dir.display()
+        );
     }
 }

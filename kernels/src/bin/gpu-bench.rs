@@ -15,15 +15,19 @@
 //! and written to `--out` as JSON and a markdown table with the GPU's name and
 //! the date.
 //!
-//! The KV cache holds at most `warmup + steps` positions by the end of a run,
-//! so attention covers that many, not the full context: the step time of a
-//! long conversation is higher. `--warmup` ≥ the context measures it.
+//! Full context by default: after its reset each slot is moved forward by the
+//! model's context (`GpuModel::fast_forward_for_timing`), so every timed step
+//! attends over the whole window, as in a conversation older than the
+//! context (3,000 steps = 4 minutes for Moshi). `--full-context off` times
+//! fresh streams instead (attention over at most `warmup + steps`
+//! positions). The report is rewritten after every batch size, so a run cut
+//! short keeps what it measured.
 //!
 //! ```text
 //! gpu-bench [--model moshi7b|hibiki2b] [--batch 1,8,32,64,128] [--steps 200]
 //!           [--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8]
 //!           [--context N] [--precision bf16|f32] [--cfg COEF] [--device N]
-//!           [--reserve-gib G] [--ptx-cache DIR]
+//!           [--reserve-gib G] [--ptx-cache DIR] [--full-context on|off]
 //! ```
 
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
@@ -41,9 +45,11 @@ use std::time::Instant;
 /// The frame period: a step slower than this falls behind real time.
 const FRAME_MS: f64 = 80.0;
 
-const USAGE: &str = "usage: gpu-bench [--model moshi7b|hibiki2b] [--batch 1,8,32,64,128] [--steps 200] \
+const USAGE: &str =
+    "usage: gpu-bench [--model moshi7b|hibiki2b] [--batch 1,8,32,64,128] [--steps 200] \
 [--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8] [--context N] \
-[--precision bf16|f32] [--cfg COEF] [--device N] [--reserve-gib G] [--ptx-cache DIR]";
+[--precision bf16|f32] [--cfg COEF] [--device N] [--reserve-gib G] [--ptx-cache DIR] \
+[--full-context on|off]";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -61,6 +67,8 @@ struct Args {
     device: usize,
     reserve: u64,
     ptx_cache: PathBuf,
+    /// Attention over the whole context in every timed step.
+    full_context: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -78,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
         device: 0,
         reserve: 2 << 30,
         ptx_cache: PathBuf::from("target/ptx-cache"),
+        full_context: true,
     };
     let num = |flag: &str, v: &str| -> Result<usize, String> {
         v.parse::<usize>()
@@ -150,6 +159,13 @@ fn parse_args() -> Result<Args, String> {
                 a.reserve = (g.max(0.0) * (1u64 << 30) as f64) as u64;
             }
             "--ptx-cache" => a.ptx_cache = PathBuf::from(v),
+            "--full-context" => {
+                a.full_context = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err("--full-context: on or off".into()),
+                }
+            }
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }
@@ -212,12 +228,7 @@ fn civil(secs: i64) -> (String, String) {
     let y = yoe + era * 400 + i64::from(m <= 2);
     (
         format!("{y:04}-{m:02}-{d:02}"),
-        format!(
-            "{:02}:{:02}:{:02}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60
-        ),
+        format!("{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60),
     )
 }
 
@@ -227,7 +238,9 @@ fn open_device(a: &Args) -> Result<CudaDevice, String> {
         ..CudaOpenOptions::default()
     };
     CudaDevice::open(a.device, &opts).map_err(|e| match e {
-        DeviceError::NoDriver => "no CUDA driver on this machine: gpu-bench needs a GPU".to_string(),
+        DeviceError::NoDriver => {
+            "no CUDA driver on this machine: gpu-bench needs a GPU".to_string()
+        }
         e => format!("opening device {}: {e}", a.device),
     })
 }
@@ -270,6 +283,7 @@ fn fill_input(batch: &mut Batch, b: usize, step: usize) {
 }
 
 /// Steps `model` for each batch size of `sizes` (all ≤ its `max_slots`).
+#[allow(clippy::too_many_arguments)]
 fn measure(
     model: &mut GpuModel<CudaDevice>,
     lm: &LmConfig,
@@ -278,6 +292,7 @@ fn measure(
     sizes: &[usize],
     rows: &mut Vec<Row>,
     skips: &mut Vec<Skip>,
+    mut after_each: impl FnMut(&[Row], &[Skip]),
 ) {
     let mut batch = model.new_batch();
     for &b in sizes {
@@ -286,6 +301,11 @@ fn measure(
                 model
                     .reset_slot(s, &session(lm, a.cfg, s))
                     .map_err(|e| format!("reset_slot {s}: {e}"))?;
+                if a.full_context {
+                    model
+                        .fast_forward_for_timing(s, lm.context)
+                        .map_err(|e| format!("fast_forward {s}: {e}"))?;
+                }
             }
             for (s, e) in batch.exec.iter_mut().enumerate() {
                 *e = s < b;
@@ -344,6 +364,7 @@ fn measure(
                 });
             }
         }
+        after_each(rows, skips);
     }
 }
 
@@ -441,10 +462,24 @@ fn run(a: &Args) -> Result<bool, String> {
             }
         }
         if let Some(mut m) = model {
-            measure(&mut m, &lm, a, graphs, &fits, &mut rows, &mut skips);
+            let (g, tm) = (gpu.clone(), total_mem);
+            measure(
+                &mut m,
+                &lm,
+                a,
+                graphs,
+                &fits,
+                &mut rows,
+                &mut skips,
+                |r, s| {
+                    if let Err(e) = report(a, &lm, &g, tm, r, s, true) {
+                        println!("writing the partial report: {e}");
+                    }
+                },
+            );
         }
     }
-    report(a, &lm, &gpu, total_mem, &rows, &skips)?;
+    report(a, &lm, &gpu, total_mem, &rows, &skips, false)?;
     Ok(!rows.is_empty())
 }
 
@@ -463,8 +498,20 @@ fn report(
     total_mem: usize,
     rows: &[Row],
     skips: &[Skip],
+    quiet: bool,
 ) -> Result<(), String> {
     let (date, time) = utc_now();
+    let attention = if a.full_context {
+        format!(
+            "Every slot starts {} positions in, so attention spans the full context.",
+            lm.context
+        )
+    } else {
+        format!(
+            "Fresh streams: the KV cache holds at most {} positions, so attention does not span the full context.",
+            a.warmup + a.steps
+        )
+    };
     let kv = match a.kv {
         KvDtype::Bf16 => "bf16",
         KvDtype::Fp8E4m3 => "fp8",
@@ -474,8 +521,7 @@ fn report(
     let mut md = format!(
         "# gpu-bench: {} on {gpu}\n\n{date} {time}; random weights of the {} shapes (dim {}, {} layers, \
          context {}), {precision} weights, KV cache {kv}; {} timed steps after {} warm-up steps, wall-clock \
-         per step including its synchronisation. The KV cache holds at most {} positions, so attention \
-         does not span the full context.\n\n\
+         per step including its synchronisation. {attention}\n\n\
          | graphs | batch | p50 ms | p99 ms | max ms | mean ms | faults |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
         a.model,
@@ -485,16 +531,19 @@ fn report(
         lm.context,
         a.steps,
         a.warmup,
-        a.warmup + a.steps
     );
-    println!();
-    println!("graphs  batch    p50 ms    p99 ms    max ms   mean ms  faults");
+    if !quiet {
+        println!();
+        println!("graphs  batch    p50 ms    p99 ms    max ms   mean ms  faults");
+    }
     for r in rows {
         let g = if r.graphs { "on" } else { "off" };
-        println!(
-            "{g:6} {:6} {:9.2} {:9.2} {:9.2} {:9.2} {:7}",
-            r.batch, r.p50, r.p99, r.max, r.mean, r.faults
-        );
+        if !quiet {
+            println!(
+                "{g:6} {:6} {:9.2} {:9.2} {:9.2} {:9.2} {:7}",
+                r.batch, r.p50, r.p99, r.max, r.mean, r.faults
+            );
+        }
         md.push_str(&format!(
             "| {g} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n",
             r.batch, r.p50, r.p99, r.max, r.mean, r.faults
@@ -507,7 +556,9 @@ fn report(
             Some(b) => format!("graphs {mode}: largest batch with p99 < {FRAME_MS} ms: {b}"),
             None => format!("graphs {mode}: no measured batch has p99 < {FRAME_MS} ms"),
         };
-        println!("{line}");
+        if !quiet {
+            println!("{line}");
+        }
         md.push_str(&format!("\n{line}"));
         best.push(serde_json::json!({"graphs": g, "largest_batch_p99_under_80ms": largest_real_time(rows, g)}));
     }
@@ -536,7 +587,8 @@ fn report(
         "kv": kv,
         "steps": a.steps,
         "warmup": a.warmup,
-        "kv_positions_at_most": a.warmup + a.steps,
+        "full_context": a.full_context,
+        "kv_positions_at_most": if a.full_context { lm.context } else { a.warmup + a.steps },
         "frame_ms": FRAME_MS,
         "results": rows.iter().map(|r| serde_json::json!({
             "graphs": r.graphs, "batch": r.batch, "p50_ms": r.p50, "p99_ms": r.p99,
@@ -554,7 +606,9 @@ fn report(
     let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
     std::fs::write(&jp, text + "\n").map_err(|e| format!("{}: {e}", jp.display()))?;
     std::fs::write(&mp, md).map_err(|e| format!("{}: {e}", mp.display()))?;
-    println!("wrote {} and {}", jp.display(), mp.display());
+    if !quiet {
+        println!("wrote {} and {}", jp.display(), mp.display());
+    }
     Ok(())
 }
 

@@ -19,15 +19,17 @@
 //!   stream synchronisation), so work runs in issue order and never races
 //!   with the legacy default stream.
 //! - Capturable: `copy_to_device`, `copy_to_host`, `copy_on_device`,
-//!   `memset_zero`, `launch`, `gemm`, `launch_graph`. Not capturable, and
-//!   refused with [`DeviceError::Capture`] while capturing before the driver
-//!   sees them: `alloc`, `alloc_host`, `upload`, `download`, `synchronize`, a
-//!   nested `begin_capture` (the capture goes on). Capture is in thread-local
-//!   mode: an unsafe call made by this thread still fails the capture instead
-//!   of being silently left out of the graph, and other threads (other
-//!   devices of the daemon) are not disturbed by it. A capturable call that
-//!   fails while capturing ends the capture and discards it, so the stream is
-//!   usable again.
+//!   `memset_zero`, `launch`, `gemm`. Not capturable, and refused with
+//!   [`DeviceError::Capture`] while capturing before the driver sees them:
+//!   `alloc`, `alloc_host`, `upload`, `download`, `synchronize`, a nested
+//!   `begin_capture`, and `launch_graph` (the driver cannot capture a graph
+//!   launch; **unlike the emulator**, which nests the graph); as on the
+//!   emulator, refusing one discards the capture (`end_capture` then fails).
+//!   Capture is in thread-local mode: an unsafe call made by this thread
+//!   still fails the capture instead of being silently left out of the
+//!   graph, and other threads (other devices of the daemon) are not
+//!   disturbed by it. A capturable call that fails while capturing ends the
+//!   capture and discards it, so the stream is usable again.
 //! - What allocates device memory: `alloc` (cuMemAlloc, rounded up to 256
 //!   bytes, zeroed on the stream), `open` (cuBLAS's workspace, set with
 //!   `cublasSetWorkspace_v2` *after* `cublasSetStream_v2`, which would reset
@@ -37,9 +39,14 @@
 //!   the cuBLAS handle and every allocation.
 //! - Host buffers (`alloc_host`) are page-locked by `cuMemHostAlloc` with
 //!   flags 0 (not write-combined: results are read back through them) and
-//!   keep the context alive, so they may outlive the device. Copies take only
-//!   live host buffers of this device; copies and fills check that their
-//!   device range lies inside one allocation, GEMMs that their operands do.
+//!   keep the context alive, so they may outlive the device. As on the
+//!   emulator, the device keeps every host buffer it handed out alive until
+//!   it is dropped (a graph replays its copies by address, and a copy may be
+//!   in flight when the `HostBuf` is dropped). Copies take only host buffers
+//!   of this device; copies and fills check that their device range lies
+//!   inside one allocation, GEMMs that their operands do (and are aligned for
+//!   their type), launches that their non-null pointer arguments point into
+//!   one.
 //! - A launch takes at most [`MAX_ARGS`] arguments, packed into an array on
 //!   the stack (no heap allocation per launch) and checked against the
 //!   parameter sizes of the kernel's PTX `.entry` declaration.
@@ -64,7 +71,6 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, DriverError};
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Most arguments one launch takes.
@@ -183,29 +189,38 @@ struct Alloc {
     bytes: usize,
 }
 
-/// A host buffer handed out by this device.
+/// A host buffer handed out by this device, which keeps its memory alive
+/// (a captured graph copies to and from it by address).
 struct HostRecord {
     addr: usize,
     bytes: usize,
-    alive: Arc<AtomicBool>,
+    _mem: Arc<PinnedMem>,
 }
 
-/// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
-struct PinnedHost {
+/// Page-locked host memory from `cuMemHostAlloc`, freed when the last of the
+/// [`HostBuf`] and the device's record of it is dropped.
+struct PinnedMem {
     ptr: *mut u8,
-    bytes: usize,
-    alive: Arc<AtomicBool>,
     ctx: Arc<CudaContext>,
 }
 
-// SAFETY: the allocation is host memory owned by this value alone; the
-// context is Send + Sync; `cuMemFreeHost` may be called from any thread once
-// the context is current there (done in `drop`).
-unsafe impl Send for PinnedHost {}
+// SAFETY: the allocation is host memory owned by this value alone, which
+// exposes no references to it (only its address); the context is Send +
+// Sync; `cuMemFreeHost` may be called from any thread once the context is
+// current there (done in `drop`).
+unsafe impl Send for PinnedMem {}
+// SAFETY: as above: nothing is reachable through `&PinnedMem` but the address.
+unsafe impl Sync for PinnedMem {}
+
+/// A [`HostBuf`]'s view of a [`PinnedMem`].
+struct PinnedHost {
+    mem: Arc<PinnedMem>,
+    bytes: usize,
+}
 
 impl HostAlloc for PinnedHost {
     fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.mem.ptr
     }
 
     fn bytes(&self) -> usize {
@@ -213,16 +228,18 @@ impl HostAlloc for PinnedHost {
     }
 }
 
-impl Drop for PinnedHost {
+impl Drop for PinnedMem {
     fn drop(&mut self) {
-        self.alive.store(false, Ordering::Release);
         let (ctx, ptr) = (&self.ctx, self.ptr);
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            let _ = ctx.bind_to_thread();
+            bind_for_cleanup(ctx);
             // SAFETY: `ptr` came from `cuMemHostAlloc` in this context and is
-            // freed once, here. Copies into or out of it are the owner's to
-            // have waited for (the trait's contract: after `synchronize`).
-            let _ = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
+            // freed once, here; the device holds a reference until it has
+            // synchronised its stream and destroyed its graphs, so nothing
+            // copies into or out of it any more.
+            if !ptr.is_null() {
+                let _ = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
+            }
         }));
     }
 }
@@ -283,6 +300,15 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Makes `ctx` current for clean-up even when cudarc holds an error recorded
+/// by an earlier drop, which `bind_to_thread` returns (and clears) instead of
+/// binding.
+fn bind_for_cleanup(ctx: &CudaContext) {
+    if ctx.bind_to_thread().is_err() {
+        let _ = ctx.bind_to_thread();
+    }
 }
 
 /// Runs a cudarc call, turning a panic into an error (its own result is kept).
@@ -429,9 +455,7 @@ impl CudaDevice {
     pub fn open(ordinal: usize, opts: &CudaOpenOptions) -> DeviceResult<CudaDevice> {
         // SAFETY: `is_culib_present` only dlopens the candidate names of
         // libcuda (running their initialisers, as any load would) and closes them.
-        let present = guarded("dlopen libcuda", || unsafe {
-            sys::is_culib_present()
-        })?;
+        let present = guarded("dlopen libcuda", || unsafe { sys::is_culib_present() })?;
         if !present {
             return Err(DeviceError::NoDriver);
         }
@@ -518,10 +542,11 @@ impl CudaDevice {
         self.bind()?;
         for c in &compiled {
             let ptx = cudarc::nvrtc::Ptx::from_src(c.ptx.clone());
-            let module = guarded("cuModuleLoadData", || self.ctx.load_module(ptx))?.map_err(|e| {
-                DeviceError::Call {
-                    call: "cuModuleLoadData",
-                    why: format!(
+            let module =
+                guarded("cuModuleLoadData", || self.ctx.load_module(ptx))?.map_err(|e| {
+                    DeviceError::Call {
+                        call: "cuModuleLoadData",
+                        why: format!(
                         "{} for {}: {} (PTX from NVRTC {}.{} needs a driver supporting CUDA {}.{}; \
                          this one supports {}.{})",
                         c.module.file,
@@ -534,8 +559,8 @@ impl CudaDevice {
                         self.driver_version / 1000,
                         self.driver_version % 1000 / 10
                     ),
-                }
-            })?;
+                    }
+                })?;
             for &name in c.module.kernels {
                 let func = call("cuModuleGetFunction", || module.load_function(name))?;
                 self.kernels.push(Kernel {
@@ -550,9 +575,7 @@ impl CudaDevice {
 
     fn init_cublas(&mut self, workspace_bytes: usize) -> DeviceResult<()> {
         // SAFETY: as for libcuda in `open`.
-        let present = guarded("dlopen libcublas", || unsafe {
-            blas::is_culib_present()
-        })?;
+        let present = guarded("dlopen libcublas", || unsafe { blas::is_culib_present() })?;
         if !present {
             return Err(DeviceError::Call {
                 call: "dlopen libcublas",
@@ -582,7 +605,9 @@ impl CudaDevice {
         call("cublasSetStream_v2", || unsafe {
             cudarc::cublas::result::set_stream(self.blas, stream)
         })?;
-        let bytes = workspace_bytes.max(ALLOC_ALIGN).next_multiple_of(ALLOC_ALIGN);
+        let bytes = workspace_bytes
+            .max(ALLOC_ALIGN)
+            .next_multiple_of(ALLOC_ALIGN);
         // SAFETY: a plain allocation; freed in `drop` after the handle is destroyed.
         self.workspace = call("cuMemAlloc (cuBLAS workspace)", || unsafe {
             cudarc::driver::result::malloc_sync(bytes)
@@ -613,11 +638,14 @@ impl CudaDevice {
         self.stream.cu_stream()
     }
 
-    /// Refuses a call that cannot be captured.
-    fn not_capturing(&self, what: &str) -> DeviceResult<()> {
+    /// Refuses a call that cannot be captured, discarding the capture (as
+    /// the emulator does).
+    fn not_capturing(&mut self, what: &str) -> DeviceResult<()> {
         if self.capturing {
+            self.abort_capture();
             Err(DeviceError::Capture(format!(
-                "{what} cannot be captured (allocate and upload before begin_capture)"
+                "{what} cannot be captured (allocate and upload before begin_capture); \
+                 the capture is discarded"
             )))
         } else {
             Ok(())
@@ -636,7 +664,7 @@ impl CudaDevice {
         self.capturing = false;
         let stream = self.cu_stream();
         let _ = guarded("cuStreamEndCapture", || {
-            let _ = self.ctx.bind_to_thread();
+            bind_for_cleanup(&self.ctx);
             // SAFETY: our stream; ending a capture (valid or invalidated)
             // returns its graph, or null, which is destroyed at once.
             unsafe {
@@ -649,8 +677,12 @@ impl CudaDevice {
         });
     }
 
-    /// Checks that `[ptr, ptr + bytes)` lies inside one allocation.
+    /// Checks that `[ptr, ptr + bytes)` lies inside one allocation (an empty
+    /// range anywhere passes, as on the emulator).
     fn check_range(&self, what: &'static str, ptr: DevPtr, bytes: usize) -> DeviceResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
         let i = self.allocs.partition_point(|a| a.ptr <= ptr);
         let inside = i > 0 && {
             let a = self.allocs[i - 1];
@@ -678,16 +710,20 @@ impl CudaDevice {
         bytes: usize,
     ) -> DeviceResult<*mut u8> {
         let addr = buf.as_ptr() as usize;
-        let ours = self.host.iter().any(|h| {
-            h.addr == addr && h.bytes == buf.bytes() && h.alive.load(Ordering::Acquire)
-        });
+        let ours = self
+            .host
+            .iter()
+            .any(|h| h.addr == addr && h.bytes == buf.bytes());
         if !ours {
             return Err(shape(
                 what,
                 "the host buffer was not allocated by this device's alloc_host",
             ));
         }
-        if offset.checked_add(bytes).is_none_or(|end| end > buf.bytes()) {
+        if offset
+            .checked_add(bytes)
+            .is_none_or(|end| end > buf.bytes())
+        {
             return Err(shape(
                 what,
                 format!(
@@ -723,12 +759,16 @@ impl CudaDevice {
             ("gemm B", g.b, g.n, g.k, g.ldb, g.b_type),
             ("gemm C", g.c, g.m, g.n, g.ldc, g.c_type),
         ] {
+            if !ptr.is_multiple_of(t.bytes() as u64) {
+                return Err(shape(what, format!("operand {ptr:#x} is misaligned")));
+            }
             let bytes = Self::extent(rows, cols, ld, t)
                 .ok_or_else(|| shape(what, "operand size overflows"))?;
             self.check_range(what, ptr, bytes)?;
         }
         let int = |what: &'static str, v: usize| {
-            i32::try_from(v).map_err(|_| shape("gemm", format!("{what} = {v} exceeds a cuBLAS int")))
+            i32::try_from(v)
+                .map_err(|_| shape("gemm", format!("{what} = {v} exceeds a cuBLAS int")))
         };
         let (m, n, k) = (int("m", g.m)?, int("n", g.n)?, int("k", g.k)?);
         let (lda, ldb, ldc) = (int("lda", g.lda)?, int("ldb", g.ldb)?, int("ldc", g.ldc)?);
@@ -800,11 +840,34 @@ impl CudaDevice {
                 ));
             }
         }
-        if block == 0 || block > 1024 || grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        if block == 0
+            || block > 1024
+            || grid.0 == 0
+            || grid.1 == 0
+            || grid.2 == 0
+            || grid.0 > i32::MAX as u32
+            || grid.1 > 65_535
+            || grid.2 > 65_535
+        {
             return Err(shape(
                 "launch",
                 format!("`{}`: grid {grid:?} block {block}", k.name),
             ));
+        }
+        // As on the emulator: a pointer argument is null or points into an
+        // allocation of this device (a stray one would fault the context).
+        for (i, a) in args.iter().enumerate() {
+            if let Arg::Ptr(p) = *a {
+                if p != super::NULL && self.check_range("launch", p, 1).is_err() {
+                    return Err(shape(
+                        "launch",
+                        format!(
+                            "`{}` argument {i}: {p:#x} is not inside any allocation of this device",
+                            k.name
+                        ),
+                    ));
+                }
+            }
         }
         let func = k.func.cu_function();
         let stream = self.cu_stream();
@@ -830,7 +893,7 @@ impl CudaDevice {
     }
 
     fn release(&mut self) {
-        let _ = self.ctx.bind_to_thread();
+        bind_for_cleanup(&self.ctx);
         if self.capturing {
             self.abort_capture();
         }
@@ -876,13 +939,14 @@ impl Device for CudaDevice {
 
     fn alloc(&mut self, bytes: usize) -> DeviceResult<DevPtr> {
         self.not_capturing("alloc")?;
-        let rounded = bytes
-            .max(1)
-            .checked_next_multiple_of(ALLOC_ALIGN)
-            .ok_or(DeviceError::OutOfMemory {
-                asked: bytes,
-                free: 0,
-            })?;
+        let rounded =
+            bytes
+                .max(1)
+                .checked_next_multiple_of(ALLOC_ALIGN)
+                .ok_or(DeviceError::OutOfMemory {
+                    asked: bytes,
+                    free: 0,
+                })?;
         self.bind()?;
         // SAFETY: a plain allocation, recorded below and freed once in `drop`.
         let r = guarded("cuMemAlloc", || unsafe {
@@ -923,17 +987,14 @@ impl Device for CudaDevice {
         self.bind()?;
         let size = bytes.max(64);
         // SAFETY: page-locked host memory (flags 0: not write-combined, not
-        // mapped), owned by the `PinnedHost` made below, which frees it.
+        // mapped), owned by the `PinnedMem` made below, which frees it.
         let p = call("cuMemHostAlloc", || unsafe {
             cudarc::driver::result::malloc_host(size, 0)
         })? as *mut u8;
-        let alive = Arc::new(AtomicBool::new(true));
-        let alloc = PinnedHost {
+        let mem = Arc::new(PinnedMem {
             ptr: p,
-            bytes,
-            alive: alive.clone(),
             ctx: self.ctx.clone(),
-        };
+        });
         if p.is_null() || !(p as usize).is_multiple_of(64) {
             return Err(DeviceError::Call {
                 call: "cuMemHostAlloc",
@@ -942,13 +1003,12 @@ impl Device for CudaDevice {
         }
         // SAFETY: `size` writable bytes at `p`, just allocated, not yet shared.
         unsafe { std::ptr::write_bytes(p, 0, size) };
-        self.host.retain(|h| h.alive.load(Ordering::Acquire));
         self.host.push(HostRecord {
             addr: p as usize,
             bytes,
-            alive,
+            _mem: mem.clone(),
         });
-        Ok(HostBuf::new(Box::new(alloc)))
+        Ok(HostBuf::new(Box::new(PinnedHost { mem, bytes })))
     }
 
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> DeviceResult<()> {
@@ -1104,7 +1164,10 @@ impl Device for CudaDevice {
 
     fn begin_capture(&mut self) -> DeviceResult<()> {
         if self.capturing {
-            return Err(DeviceError::Capture("begin_capture while capturing".into()));
+            self.abort_capture();
+            return Err(DeviceError::Capture(
+                "begin_capture while capturing (the capture is discarded)".into(),
+            ));
         }
         self.bind()?;
         let stream = self.cu_stream();
@@ -1119,11 +1182,15 @@ impl Device for CudaDevice {
     fn end_capture(&mut self) -> DeviceResult<GraphId> {
         if !self.capturing {
             return Err(DeviceError::Capture(
-                "end_capture without begin_capture (or the capture failed and was discarded)".into(),
+                "end_capture without begin_capture (or the capture failed and was discarded)"
+                    .into(),
             ));
         }
+        if let Err(e) = self.bind() {
+            self.abort_capture();
+            return Err(e);
+        }
         self.capturing = false;
-        self.bind()?;
         let stream = self.cu_stream();
         // SAFETY: our stream, capturing since `begin_capture`.
         let graph = call("cuStreamEndCapture", || unsafe {
@@ -1165,6 +1232,15 @@ impl Device for CudaDevice {
                 .graphs
                 .get(graph.0 as usize)
                 .ok_or_else(|| DeviceError::Capture(format!("no graph #{}", graph.0)))?;
+            if self.capturing {
+                // The driver refuses a graph launch into a capturing stream
+                // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); say so plainly.
+                return Err(DeviceError::Capture(
+                    "launch_graph while capturing: CUDA cannot capture a graph launch \
+                     (the capture is discarded)"
+                        .into(),
+                ));
+            }
             self.bind()?;
             let stream = self.cu_stream();
             // SAFETY: a live executable graph of this device, on our stream;
@@ -1294,9 +1370,7 @@ mod tests {
         }
 
         fn det(n: usize, seed: f32) -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as f32 + seed) * 0.7137).sin())
-                .collect()
+            (0..n).map(|i| ((i as f32 + seed) * 0.7137).sin()).collect()
         }
 
         fn bytes_of(v: &[f32]) -> Vec<u8> {
@@ -1402,7 +1476,10 @@ mod tests {
                     let (w, mag) = want[i * n + j];
                     let g = got[i * ldc + j] as f64;
                     // f32 accumulation over k terms: within k·2⁻²⁴·Σ|a·b| ≈ 4e-6·Σ|a·b|.
-                    assert!((g - w).abs() <= 2e-5 * mag.max(1.0), "C[{i}][{j}] {g} vs {w}");
+                    assert!(
+                        (g - w).abs() <= 2e-5 * mag.max(1.0),
+                        "C[{i}][{j}] {g} vs {w}"
+                    );
                 }
                 // The padding between rows is left alone.
                 if i + 1 < m {
@@ -1416,12 +1493,15 @@ mod tests {
         fn gemm_bf16_matches_the_host_product() {
             let mut d = open();
             let (m, n, k) = (8, 384, 512);
-            let round = |v: Vec<f32>| v.into_iter().map(|x| from_bf16(bf16(x))).collect::<Vec<_>>();
+            let round = |v: Vec<f32>| {
+                v.into_iter()
+                    .map(|x| from_bf16(bf16(x)))
+                    .collect::<Vec<_>>()
+            };
             let a = round(det(m * k, 4.0));
             let b = round(det(n * k, 5.0));
-            let to_bits = |v: &[f32]| -> Vec<u8> {
-                v.iter().flat_map(|&x| bf16(x).to_ne_bytes()).collect()
-            };
+            let to_bits =
+                |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| bf16(x).to_ne_bytes()).collect() };
             let da = d.alloc(a.len() * 2).unwrap();
             let db = d.alloc(b.len() * 2).unwrap();
             d.upload(da, &to_bits(&a)).unwrap();
@@ -1502,10 +1582,20 @@ mod tests {
             d.upload(x, &bytes_of(&vec![100.0; n])).unwrap();
             d.synchronize().unwrap();
 
+            // Not capturable: refused, and the capture is discarded (as on
+            // the emulator), so the stream is usable again.
             d.begin_capture().unwrap();
-            // Not capturable: refused, and the capture is discarded.
             assert!(matches!(d.alloc(16), Err(DeviceError::Capture(_))));
+            assert!(matches!(d.end_capture(), Err(DeviceError::Capture(_))));
+            d.begin_capture().unwrap();
             assert!(matches!(d.synchronize(), Err(DeviceError::Capture(_))));
+            assert!(matches!(d.end_capture(), Err(DeviceError::Capture(_))));
+            d.begin_capture().unwrap();
+            assert!(matches!(d.begin_capture(), Err(DeviceError::Capture(_))));
+            assert!(matches!(d.end_capture(), Err(DeviceError::Capture(_))));
+            d.synchronize().unwrap();
+
+            d.begin_capture().unwrap();
             d.memset_zero(x, n * 4).unwrap();
             d.copy_to_device(u, &input, 0, n * 4).unwrap();
             // add_f32 is grid-stride over n with EW_THREADS (256) per block.
@@ -1541,7 +1631,21 @@ mod tests {
                     assert_eq!(g, v + v, "round {round} element {e}");
                 }
             }
-            // Wrong argument lists are refused before the driver sees them.
+            // A graph launch cannot be captured: refused, capture discarded.
+            d.begin_capture().unwrap();
+            assert!(matches!(d.launch_graph(g), Err(DeviceError::Capture(_))));
+            assert!(matches!(d.end_capture(), Err(DeviceError::Capture(_))));
+            // Wrong argument lists and stray pointers are refused before the
+            // driver sees them.
+            assert!(matches!(
+                d.launch(
+                    add,
+                    grid,
+                    256,
+                    &[Arg::Ptr(x), Arg::Ptr(0x10), Arg::U64(n as u64)]
+                ),
+                Err(DeviceError::Shape { .. })
+            ));
             assert!(matches!(
                 d.launch(add, grid, 256, &[Arg::Ptr(x), Arg::Ptr(u), Arg::U32(1)]),
                 Err(DeviceError::Shape { .. })
@@ -1550,10 +1654,7 @@ mod tests {
                 d.launch(add, grid, 256, &[Arg::Ptr(x), Arg::Ptr(u)]),
                 Err(DeviceError::Shape { .. })
             ));
-            assert!(matches!(
-                d.end_capture(),
-                Err(DeviceError::Capture(_))
-            ));
+            assert!(matches!(d.end_capture(), Err(DeviceError::Capture(_))));
         }
     }
 }

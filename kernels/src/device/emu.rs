@@ -927,6 +927,9 @@ impl Device for EmuDevice {
     }
 
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()> {
+        // CUDA refuses a graph launched into a capturing stream; so does the
+        // emulator (and discards the capture), so both devices agree.
+        self.not_capturing("launch_graph")?;
         let op = if (graph.0 as usize) < self.graphs.len() {
             Ok(Op::Graph(graph.0))
         } else {

@@ -194,7 +194,11 @@ pub struct HostBuf {
 impl HostBuf {
     /// Wraps an allocation.
     pub fn new(alloc: Box<dyn HostAlloc>) -> HostBuf {
-        assert_eq!(alloc.ptr() as usize % 64, 0, "host buffers are 64-byte aligned");
+        assert_eq!(
+            alloc.ptr() as usize % 64,
+            0,
+            "host buffers are 64-byte aligned"
+        );
         HostBuf { alloc }
     }
 
@@ -256,13 +260,19 @@ impl HostBuf {
             start + n
         );
         let p = self.alloc.ptr().wrapping_add(start);
-        assert_eq!(p as usize % std::mem::align_of::<T>(), 0, "misaligned host view");
+        assert_eq!(
+            p as usize % std::mem::align_of::<T>(),
+            0,
+            "misaligned host view"
+        );
         (p, n)
     }
 
     fn range<T: HostPod>(&self, offset: usize, len: usize) -> (*mut u8, usize) {
         let size = std::mem::size_of::<T>();
-        let start = offset.checked_mul(size).expect("host buffer offset overflows");
+        let start = offset
+            .checked_mul(size)
+            .expect("host buffer offset overflows");
         let n = len.checked_mul(size).expect("host buffer length overflows");
         assert!(
             start.checked_add(n).is_some_and(|end| end <= self.bytes()),
@@ -271,7 +281,11 @@ impl HostBuf {
             offset + len
         );
         let p = self.alloc.ptr().wrapping_add(start);
-        assert_eq!(p as usize % std::mem::align_of::<T>(), 0, "misaligned host view");
+        assert_eq!(
+            p as usize % std::mem::align_of::<T>(),
+            0,
+            "misaligned host view"
+        );
         (p, n)
     }
 }

@@ -109,7 +109,15 @@ mod tests {
         let mut last = (0, 0);
         for b in [1, 2, 3, 8, 64] {
             let l = Layout::new(b, 2, 8, 1920);
-            let ins = [l.steps, l.enc_steps, l.dec_steps, l.eos, l.rows, l.dep_rows, l.pcm_in];
+            let ins = [
+                l.steps,
+                l.enc_steps,
+                l.dec_steps,
+                l.eos,
+                l.rows,
+                l.dep_rows,
+                l.pcm_in,
+            ];
             for w in ins.windows(2) {
                 assert!(w[0] < w[1]);
             }

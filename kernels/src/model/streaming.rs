@@ -249,11 +249,13 @@ impl<D: Device> GpuModel<D> {
         let tc = self.lm.config().text_card;
         let out = &mut out[..tc];
         let cond_row = self.lm.text_logits_row(j * self.rps);
-        self.dev.download(cond_row, crate::device::as_bytes_mut(out))?;
+        self.dev
+            .download(cond_row, crate::device::as_bytes_mut(out))?;
         if self.cfg_on[slot] {
             let mut null = vec![0.0f32; tc];
             let null_row = self.lm.text_logits_row(j * self.rps + 1);
-            self.dev.download(null_row, crate::device::as_bytes_mut(&mut null))?;
+            self.dev
+                .download(null_row, crate::device::as_bytes_mut(&mut null))?;
             let coef = self.cfg_coef[slot];
             for (o, n) in out.iter_mut().zip(&null) {
                 *o = n + (*o - n) * coef;
@@ -291,9 +293,12 @@ impl<D: Device> GpuModel<D> {
                 row_null: -1,
                 ..lm_step
             };
-            self.host_in.view_mut::<SlotStep>(layout.steps + j * sz_step, 1)[0] = lm_step;
-            self.host_in.view_mut::<SlotStep>(layout.enc_steps + j * sz_step, 1)[0] = enc;
-            self.host_in.view_mut::<SlotStep>(layout.dec_steps + j * sz_step, 1)[0] = dec;
+            self.host_in
+                .view_mut::<SlotStep>(layout.steps + j * sz_step, 1)[0] = lm_step;
+            self.host_in
+                .view_mut::<SlotStep>(layout.enc_steps + j * sz_step, 1)[0] = enc;
+            self.host_in
+                .view_mut::<SlotStep>(layout.dec_steps + j * sz_step, 1)[0] = dec;
             self.host_in.view_mut::<i32>(layout.eos + 4 * j, 1)[0] = eoi as i32;
             for i in 0..rps {
                 let r = j * rps + i;
@@ -305,7 +310,8 @@ impl<D: Device> GpuModel<D> {
                     step: j as i32,
                     active: active as i32,
                 };
-                self.host_in.view_mut::<RowInfo>(layout.rows + r * sz_row, 1)[0] = row;
+                self.host_in
+                    .view_mut::<RowInfo>(layout.rows + r * sz_row, 1)[0] = row;
                 for k in 0..self.dep_q {
                     let dep = RowInfo {
                         kv: r as i32,
@@ -332,11 +338,23 @@ impl<D: Device> GpuModel<D> {
         let dev = &mut self.dev;
         let at = |o: usize| self.dev_in + o as u64;
         dev.copy_to_device(self.dev_in, &self.host_in, 0, l.in_bytes)?;
-        self.mimi
-            .encode(dev, b, at(l.enc_steps), at(l.pcm_in), self.user_codes, self.nq)?;
-        self.k
-            .embed
-            .fill_flagged(dev, self.user_codes, self.nq, self.nq, at(l.eos), b, self.card)?;
+        self.mimi.encode(
+            dev,
+            b,
+            at(l.enc_steps),
+            at(l.pcm_in),
+            self.user_codes,
+            self.nq,
+        )?;
+        self.k.embed.fill_flagged(
+            dev,
+            self.user_codes,
+            self.nq,
+            self.nq,
+            at(l.eos),
+            b,
+            self.card,
+        )?;
         self.lm.issue_step(dev, &self.k, b, &plan.lm_io)?;
         let codes = self.dev_out + l.tokens as u64 + 4;
         let pcm_out = self.dev_out + l.pcm_out as u64;
@@ -372,7 +390,10 @@ impl<D: Device> GpuModel<D> {
     /// meaningless until it is reset.
     pub fn fast_forward_for_timing(&mut self, slot: usize, steps: usize) -> Result<(), GpuError> {
         if slot >= self.max_slots {
-            return Err(GpuError::Unsupported(format!("slot {slot} ≥ max_slots {}", self.max_slots)));
+            return Err(GpuError::Unsupported(format!(
+                "slot {slot} ≥ max_slots {}",
+                self.max_slots
+            )));
         }
         self.offset[slot] += steps;
         self.lm.set_offset(&mut self.dev, slot, self.offset[slot])?;
@@ -458,7 +479,9 @@ impl<D: Device> StreamingModel for GpuModel<D> {
             self.offset[s] += 1;
             self.last_step[s] = j;
             if ready {
-                let t = self.host_out.view::<u32>(layout.tokens + 4 * j * width, width);
+                let t = self
+                    .host_out
+                    .view::<u32>(layout.tokens + 4 * j * width, width);
                 batch.text_token[s] = t[0];
                 let nc = batch.audio_codebooks();
                 batch.audio_codes[s * nc..(s + 1) * nc].copy_from_slice(&t[1..1 + nc]);
@@ -474,7 +497,9 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         for j in 0..n {
             let s = self.active[j];
             if std::mem::take(&mut self.first_frame[s]) {
-                self.mimi.reset_slot(&mut self.dev, s).map_err(device_fault)?;
+                self.mimi
+                    .reset_slot(&mut self.dev, s)
+                    .map_err(device_fault)?;
             }
         }
         Ok(())

@@ -54,7 +54,11 @@ pub enum Init {
 
 enum Source<'a> {
     Checkpoint(&'a mut Weights),
-    Random { seed: u64, count: u64, ew: EwKernels },
+    Random {
+        seed: u64,
+        count: u64,
+        ew: EwKernels,
+    },
 }
 
 /// Hands out device weights by name, from one source.

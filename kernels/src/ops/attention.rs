@@ -60,11 +60,14 @@ pub struct AttnShape {
 impl AttnShape {
     fn head_dim(&self) -> DeviceResult<usize> {
         const WHAT: &str = "attention";
-        if self.heads == 0 || self.dim % self.heads != 0 {
-            return Err(bad(WHAT, format!("dim {} over {} heads", self.dim, self.heads)));
+        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
+            return Err(bad(
+                WHAT,
+                format!("dim {} over {} heads", self.dim, self.heads),
+            ));
         }
         let hd = self.dim / self.heads;
-        if hd % 2 != 0 || hd > ATT_MAX_HEAD_DIM {
+        if !hd.is_multiple_of(2) || hd > ATT_MAX_HEAD_DIM {
             return Err(bad(
                 WHAT,
                 format!("head_dim {hd} must be even and at most {ATT_MAX_HEAD_DIM}"),
@@ -194,7 +197,10 @@ impl AttnKernels {
                 args[9] = Arg::F32(kv_scale);
                 dev.launch(self.att_fp8, grid, ATT_THREADS, &args)
             }
-            (kv, o) => Err(bad(WHAT, format!("no kernel for a {kv:?} cache with {o:?} output"))),
+            (kv, o) => Err(bad(
+                WHAT,
+                format!("no kernel for a {kv:?} cache with {o:?} output"),
+            )),
         }
     }
 }

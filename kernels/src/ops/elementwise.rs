@@ -75,7 +75,12 @@ impl EwKernels {
     /// `x = gelu(x)` (erf form) over `n` floats.
     pub fn gelu<D: Device + ?Sized>(&self, dev: &mut D, x: DevPtr, n: usize) -> DeviceResult<()> {
         nonnull("gelu", &[x])?;
-        dev.launch(self.gelu, ew_grid(n), EW_THREADS, &[Arg::Ptr(x), Arg::U64(n as u64)])
+        dev.launch(
+            self.gelu,
+            ew_grid(n),
+            EW_THREADS,
+            &[Arg::Ptr(x), Arg::U64(n as u64)],
+        )
     }
 
     /// `y = elu(x)` over `n` floats (`y` may be `x`).
@@ -174,7 +179,12 @@ impl EwKernels {
             k,
             ew_grid(n),
             EW_THREADS,
-            &[Arg::Ptr(y), Arg::U64(n as u64), Arg::U64(seed), Arg::F32(scale)],
+            &[
+                Arg::Ptr(y),
+                Arg::U64(n as u64),
+                Arg::U64(seed),
+                Arg::F32(scale),
+            ],
         )
     }
 

@@ -134,7 +134,11 @@ impl EmbedKernels {
         ready: DevPtr,
     ) -> DeviceResult<()> {
         const WHAT: &str = "token_cache_out";
-        if [steps, text, audio, out, ready, tc.cache, tc.offset, tc.delays].contains(&NULL) {
+        if [
+            steps, text, audio, out, ready, tc.cache, tc.offset, tc.delays,
+        ]
+        .contains(&NULL)
+        {
             return Err(bad(WHAT, "null operand"));
         }
         dev.launch(

@@ -89,10 +89,22 @@ mod tests {
         assert_eq!(define(ew, "EW_THREADS"), super::EW_THREADS as u64);
         assert_eq!(define(emb, "TOK_THREADS"), super::embed::TOK_THREADS as u64);
         assert_eq!(define(emb, "EMB_THREADS"), super::embed::EMB_THREADS as u64);
-        assert_eq!(define(smp, "SAMPLE_THREADS"), super::sampling::SAMPLE_THREADS as u64);
-        assert_eq!(define(norm, "NORM_THREADS"), super::norm::NORM_THREADS as u64);
-        assert_eq!(define(att, "ROPE_THREADS"), super::attention::ROPE_THREADS as u64);
-        assert_eq!(define(att, "ATT_THREADS"), super::attention::ATT_THREADS as u64);
+        assert_eq!(
+            define(smp, "SAMPLE_THREADS"),
+            super::sampling::SAMPLE_THREADS as u64
+        );
+        assert_eq!(
+            define(norm, "NORM_THREADS"),
+            super::norm::NORM_THREADS as u64
+        );
+        assert_eq!(
+            define(att, "ROPE_THREADS"),
+            super::attention::ROPE_THREADS as u64
+        );
+        assert_eq!(
+            define(att, "ATT_THREADS"),
+            super::attention::ATT_THREADS as u64
+        );
         assert_eq!(
             define(att, "ATT_MAX_HEAD_DIM"),
             super::attention::ATT_MAX_HEAD_DIM as u64

@@ -53,7 +53,10 @@ impl SampleKernels {
             return Err(bad(WHAT, "null operand"));
         }
         if a.vocab == 0 || a.ld < a.vocab {
-            return Err(bad(WHAT, format!("vocab {} with row stride {}", a.vocab, a.ld)));
+            return Err(bad(
+                WHAT,
+                format!("vocab {} with row stride {}", a.vocab, a.ld),
+            ));
         }
         dev.launch(
             self.sample,

@@ -99,7 +99,11 @@ pub fn params(dir: &CheckpointDir) -> SessionParams {
 pub fn compare<D: Device>(dir: &Path, gpu: &mut GpuModel<D>) -> Agreement {
     let d = CheckpointDir::open(dir).unwrap();
     let mut cpu = CpuModel::load(&d, SLOTS).unwrap();
-    assert_eq!(gpu.max_slots(), SLOTS, "the GPU model must have {SLOTS} slots");
+    assert_eq!(
+        gpu.max_slots(),
+        SLOTS,
+        "the GPU model must have {SLOTS} slots"
+    );
     let (streams, samples, pcm) = input_pcm(dir);
     assert_eq!(streams, 3);
     let fs = cpu.frame_samples();
@@ -183,13 +187,21 @@ pub fn compare<D: Device>(dir: &Path, gpu: &mut GpuModel<D>) -> Agreement {
             }
         }
     }
-    a.pcm_rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    a.pcm_rel = if den > 0.0 {
+        (num / den).sqrt()
+    } else {
+        num.sqrt()
+    };
     a
 }
 
 /// Steps `model` over a fixed pseudo-random schedule and returns every
 /// output (tokens and PCM) for determinism checks.
-pub fn outputs<M: StreamingModel>(model: &mut M, p: &SessionParams, frames: usize) -> Vec<(u32, Vec<u32>, Vec<f32>)> {
+pub fn outputs<M: StreamingModel>(
+    model: &mut M,
+    p: &SessionParams,
+    frames: usize,
+) -> Vec<(u32, Vec<u32>, Vec<f32>)> {
     let n = model.max_slots();
     for s in 0..n {
         model.reset_slot(s, p).unwrap();

@@ -38,23 +38,42 @@ pub struct SlotOut {
 
 impl<D: Device> LmDriver<D> {
     /// Loads the LM of a checkpoint folder for `max_slots` slots.
-    pub fn load(mut dev: D, dir: &CheckpointDir, precision: Precision, kv: KvType, max_slots: usize) -> Self {
+    pub fn load(
+        mut dev: D,
+        dir: &CheckpointDir,
+        precision: Precision,
+        kv: KvType,
+        max_slots: usize,
+    ) -> Self {
         let cfg = &dir.lm;
         let mut w = Weights::open(&dir.lm_weights).unwrap();
         let conditioning = Conditioning::load(cfg, &mut w).unwrap();
         let lm = {
             let mut loader = WeightLoader::checkpoint(&mut w);
-            GpuLm::load(&mut dev, cfg, &mut loader, conditioning, precision.dtype(), kv, max_slots, max_slots)
-                .unwrap()
+            GpuLm::load(
+                &mut dev,
+                cfg,
+                &mut loader,
+                conditioning,
+                precision.dtype(),
+                kv,
+                max_slots,
+                max_slots,
+            )
+            .unwrap()
         };
         w.finish().unwrap();
         let rps = lm.rows_per_slot();
         let rows = max_slots * rps;
         let row = std::mem::size_of::<RowInfo>();
         let io = LmStepIo {
-            steps: dev.alloc(max_slots * std::mem::size_of::<SlotStep>()).unwrap(),
+            steps: dev
+                .alloc(max_slots * std::mem::size_of::<SlotStep>())
+                .unwrap(),
             rows: dev.alloc(rows * row).unwrap(),
-            dep_rows: (0..cfg.dep_q).map(|_| dev.alloc(rows * row).unwrap()).collect(),
+            dep_rows: (0..cfg.dep_q)
+                .map(|_| dev.alloc(rows * row).unwrap())
+                .collect(),
             user_codes: dev.alloc(max_slots * cfg.num_user_codebooks() * 4).unwrap(),
             out: dev.alloc(max_slots * (1 + cfg.dep_q) * 4).unwrap(),
             ready: dev.alloc(max_slots * 4).unwrap(),
@@ -99,7 +118,11 @@ impl<D: Device> LmDriver<D> {
                 slot: s as i32,
                 active: 1,
                 row_cond: (j * rps) as i32,
-                row_null: if self.cfg[s].is_some() { (j * rps + 1) as i32 } else { -1 },
+                row_null: if self.cfg[s].is_some() {
+                    (j * rps + 1) as i32
+                } else {
+                    -1
+                },
             };
             for i in 0..rps {
                 rows[j * rps + i] = RowInfo {
@@ -134,16 +157,23 @@ impl<D: Device> LmDriver<D> {
         let w = 1 + self.dep_q;
         let mut tokens = vec![0u32; b * w];
         let mut ready = vec![0i32; b];
-        dev.download(self.io.out, as_bytes_mut(&mut tokens)).unwrap();
-        dev.download(self.io.ready, as_bytes_mut(&mut ready)).unwrap();
+        dev.download(self.io.out, as_bytes_mut(&mut tokens))
+            .unwrap();
+        dev.download(self.io.ready, as_bytes_mut(&mut ready))
+            .unwrap();
         for (j, &s) in active.iter().enumerate() {
             self.offset[s] += 1;
             let tc = self.text_card;
             let mut logits = vec![0.0f32; tc];
-            dev.download(self.lm.text_logits_row(j * rps), as_bytes_mut(&mut logits)).unwrap();
+            dev.download(self.lm.text_logits_row(j * rps), as_bytes_mut(&mut logits))
+                .unwrap();
             if let Some(coef) = self.cfg[s] {
                 let mut null = vec![0.0f32; tc];
-                dev.download(self.lm.text_logits_row(j * rps + 1), as_bytes_mut(&mut null)).unwrap();
+                dev.download(
+                    self.lm.text_logits_row(j * rps + 1),
+                    as_bytes_mut(&mut null),
+                )
+                .unwrap();
                 for (o, n) in logits.iter_mut().zip(&null) {
                     *o = n + (*o - n) * coef;
                 }

@@ -61,7 +61,12 @@ fn params(d: &CheckpointDir) -> GenParams {
 }
 
 /// Runs both fixture checks on fresh devices from `make`.
-pub fn run<D: Device>(dir: &Path, make: impl Fn() -> D, precision: Precision, kv: KvType) -> LmAgreement {
+pub fn run<D: Device>(
+    dir: &Path,
+    make: impl Fn() -> D,
+    precision: Precision,
+    kv: KvType,
+) -> LmAgreement {
     let d = CheckpointDir::open(dir).unwrap();
     let bytes = std::fs::read(dir.join("io.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -106,7 +111,9 @@ pub fn run<D: Device>(dir: &Path, make: impl Fn() -> D, precision: Precision, kv
     }
     for s in 0..STREAMS {
         let range = s * t_max * tc..(s + 1) * t_max * tc;
-        a.logits_rel = a.logits_rel.max(rel_err(&got_logits[range.clone()], &logits[range]));
+        a.logits_rel = a
+            .logits_rel
+            .max(rel_err(&got_logits[range.clone()], &logits[range]));
     }
 
     // Slot reuse.

@@ -64,7 +64,9 @@ impl Lut {
         let mut x = seed ^ 0x5eed_c0de;
         let scale = 1.0 / (c.dim as f32).sqrt();
         let mut next = move || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
         };
         Lut {

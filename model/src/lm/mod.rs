@@ -45,11 +45,11 @@ mod sampling;
 mod setup;
 mod transformer;
 
+/// `depformer_in` index of each depformer step, and how many projections exist.
+pub use depformer::in_indices as depformer_in_indices;
 pub use gen::LmState;
 pub use sampling::{sample_top_k, slot_rng, Sampler, SlotRng};
 pub use setup::{Conditioning, SlotSetup};
-/// `depformer_in` index of each depformer step, and how many projections exist.
-pub use depformer::in_indices as depformer_in_indices;
 /// Hidden width of an official `ActivationGating` (note the `4 · dim` case).
 pub use transformer::gating_hidden;
 

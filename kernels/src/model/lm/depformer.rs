@@ -36,7 +36,13 @@ impl Embedding {
         dtype: DType,
     ) -> Result<Embedding, GpuError> {
         let width = rank.unwrap_or(dim);
-        let table = w.tensor(dev, &format!("{name}.weight"), &[rows, width], dtype, Init::Embedding)?;
+        let table = w.tensor(
+            dev,
+            &format!("{name}.weight"),
+            &[rows, width],
+            dtype,
+            Init::Embedding,
+        )?;
         let low_rank = match rank {
             Some(r) => Some(w.tensor(
                 dev,
@@ -105,19 +111,53 @@ impl Depformer {
         let rank = cfg.depformer.low_rank_embeddings;
         let (in_index, n_in) = moshid_model::lm::depformer_in_indices(cfg);
         let depformer_in = (0..n_in)
-            .map(|i| w.tensor(dev, &format!("depformer_in.{i}.weight"), &[d, cfg.dim], act, Init::Linear))
+            .map(|i| {
+                w.tensor(
+                    dev,
+                    &format!("depformer_in.{i}.weight"),
+                    &[d, cfg.dim],
+                    act,
+                    Init::Linear,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let emb = (0..cfg.dep_q.saturating_sub(1))
-            .map(|k| Embedding::load(dev, w, &format!("depformer_emb.{k}"), cfg.card + 1, d, rank, act))
+            .map(|k| {
+                Embedding::load(
+                    dev,
+                    w,
+                    &format!("depformer_emb.{k}"),
+                    cfg.card + 1,
+                    d,
+                    rank,
+                    act,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let text_emb = Embedding::load(dev, w, "depformer_text_emb", cfg.text_card + 1, d, rank, act)?;
+        let text_emb = Embedding::load(
+            dev,
+            w,
+            "depformer_text_emb",
+            cfg.text_card + 1,
+            d,
+            rank,
+            act,
+        )?;
         let kv = match act {
             DType::F32 => KvType::F32,
             DType::Bf16 => KvType::Bf16,
         };
         let stack = Stack::load(dev, w, "depformer", stack_shape(cfg), act, kv, max_rows)?;
         let linears = (0..cfg.dep_q)
-            .map(|k| w.tensor(dev, &format!("linears.{k}.weight"), &[cfg.card, d], act, Init::Linear))
+            .map(|k| {
+                w.tensor(
+                    dev,
+                    &format!("linears.{k}.weight"),
+                    &[cfg.card, d],
+                    act,
+                    Init::Linear,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Depformer {
             dep_q: cfg.dep_q,
@@ -125,7 +165,9 @@ impl Depformer {
             card: cfg.card,
             act,
             in_index,
-            set_index: (0..cfg.dep_q).map(|k| cfg.depformer.weight_set(k)).collect(),
+            set_index: (0..cfg.dep_q)
+                .map(|k| cfg.depformer.weight_set(k))
+                .collect(),
             depformer_in,
             text_emb,
             emb,
@@ -156,16 +198,38 @@ impl Depformer {
         sc: &StackScratch,
     ) -> DeviceResult<()> {
         let (d, act) = (self.dim, self.act);
-        for step in 0..self.dep_q {
-            let row_info = dep_rows[step];
-            linear(dev, tout, act, rows, &self.depformer_in[self.in_index[step]], self.x, DType::F32, false)?;
+        for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
+            linear(
+                dev,
+                tout,
+                act,
+                rows,
+                &self.depformer_in[self.in_index[step]],
+                self.x,
+                DType::F32,
+                false,
+            )?;
             let (emb, tokens, stride) = if step == 0 {
                 (&self.text_emb, text, 1)
             } else {
-                (&self.emb[step - 1], audio + 4 * (step as u64 - 1), self.dep_q)
+                (
+                    &self.emb[step - 1],
+                    audio + 4 * (step as u64 - 1),
+                    self.dep_q,
+                )
             };
             match &emb.low_rank {
-                None => k.embed.add_rows(dev, act, self.x, emb.table.ptr, row_info, rows, tokens, stride, d)?,
+                None => k.embed.add_rows(
+                    dev,
+                    act,
+                    self.x,
+                    emb.table.ptr,
+                    row_info,
+                    rows,
+                    tokens,
+                    stride,
+                    d,
+                )?,
                 Some(proj) => {
                     k.embed.gather_rows(
                         dev,
@@ -178,10 +242,20 @@ impl Depformer {
                         stride,
                         emb.table.cols,
                     )?;
-                    linear(dev, self.low_rank_tmp, act, rows, proj, self.x, DType::F32, true)?;
+                    linear(
+                        dev,
+                        self.low_rank_tmp,
+                        act,
+                        rows,
+                        proj,
+                        self.x,
+                        DType::F32,
+                        true,
+                    )?;
                 }
             }
-            self.stack.forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
+            self.stack
+                .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
             let head_in = match act {
                 DType::F32 => self.x,
                 DType::Bf16 => {
@@ -189,7 +263,16 @@ impl Depformer {
                     self.x_act
                 }
             };
-            linear(dev, head_in, act, rows, &self.linears[step], self.logits, DType::F32, false)?;
+            linear(
+                dev,
+                head_in,
+                act,
+                rows,
+                &self.linears[step],
+                self.logits,
+                DType::F32,
+                false,
+            )?;
             k.sample.sample(
                 dev,
                 &SampleArgs {

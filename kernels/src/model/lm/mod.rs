@@ -26,13 +26,13 @@ mod stack;
 
 use super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::GpuError;
+use crate::device::as_bytes;
 use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
 use crate::ops::attention::{AttnKernels, KvType};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
 use crate::ops::norm::NormKernels;
 use crate::ops::sampling::{SampleArgs, SampleKernels};
-use crate::device::as_bytes;
 use crate::ops::types::SlotParams;
 use depformer::Depformer;
 use moshid_model::config::{LmConfig, ModelType};
@@ -214,7 +214,15 @@ impl GpuLm {
                 }
             },
         )?;
-        let temporal = Stack::load(dev, w, "transformer", temporal_shape(cfg), act, kv, cache_rows)?;
+        let temporal = Stack::load(
+            dev,
+            w,
+            "transformer",
+            temporal_shape(cfg),
+            act,
+            kv,
+            cache_rows,
+        )?;
         let out_norm = w
             .tensor(dev, "out_norm.alpha", &[1, 1, dim], DType::F32, Init::Ones)?
             .ptr;
@@ -393,7 +401,15 @@ impl GpuLm {
         let (dim, act) = (cfg.dim, self.act);
         let rows = bucket * self.rps;
         debug_assert!(rows <= self.max_rows);
-        k.embed.cache_in(dev, &self.tc, &self.tc_shape, io.steps, bucket, io.user_codes, self.tokens)?;
+        k.embed.cache_in(
+            dev,
+            &self.tc,
+            &self.tc_shape,
+            io.steps,
+            bucket,
+            io.user_codes,
+            self.tokens,
+        )?;
         k.embed.sum(
             dev,
             act,
@@ -408,9 +424,29 @@ impl GpuLm {
             cfg.card,
             dim,
         )?;
-        self.temporal.forward(dev, k, 0, rows, self.x, io.rows, &self.scratch)?;
-        k.norm.rms_norm(dev, self.x, self.out_norm, cfg.norm.eps(), dim, io.rows, rows, self.tout, act)?;
-        linear(dev, self.tout, act, rows, &self.text_linear, self.text_logits, DType::F32, false)?;
+        self.temporal
+            .forward(dev, k, 0, rows, self.x, io.rows, &self.scratch)?;
+        k.norm.rms_norm(
+            dev,
+            self.x,
+            self.out_norm,
+            cfg.norm.eps(),
+            dim,
+            io.rows,
+            rows,
+            self.tout,
+            act,
+        )?;
+        linear(
+            dev,
+            self.tout,
+            act,
+            rows,
+            &self.text_linear,
+            self.text_logits,
+            DType::F32,
+            false,
+        )?;
         let text_args = SampleArgs {
             logits: self.text_logits,
             vocab: cfg.text_card,

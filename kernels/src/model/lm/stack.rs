@@ -117,8 +117,20 @@ impl Stack {
         let kv_elems = cache_rows * shape.capacity * d;
         for l in 0..shape.layers {
             let p = format!("{prefix}.layers.{l}");
-            let norm1 = w.tensor(dev, &format!("{p}.norm1.alpha"), &[1, 1, d], DType::F32, Init::Ones)?;
-            let norm2 = w.tensor(dev, &format!("{p}.norm2.alpha"), &[1, 1, d], DType::F32, Init::Ones)?;
+            let norm1 = w.tensor(
+                dev,
+                &format!("{p}.norm1.alpha"),
+                &[1, 1, d],
+                DType::F32,
+                Init::Ones,
+            )?;
+            let norm2 = w.tensor(
+                dev,
+                &format!("{p}.norm2.alpha"),
+                &[1, 1, d],
+                DType::F32,
+                Init::Ones,
+            )?;
             let mut sets = Vec::with_capacity(shape.sets);
             for set in 0..shape.sets {
                 let g = if shape.gating_list {
@@ -128,10 +140,34 @@ impl Stack {
                 };
                 let lin = Init::Linear;
                 sets.push(SetWeights {
-                    in_proj: w.tensor(dev, &format!("{p}.self_attn.in_projs.{set}.weight"), &[3 * d, d], act, lin)?,
-                    out_proj: w.tensor(dev, &format!("{p}.self_attn.out_projs.{set}.weight"), &[d, d], act, lin)?,
-                    ff_in: w.tensor(dev, &format!("{g}.linear_in.weight"), &[2 * hid, d], act, lin)?,
-                    ff_out: w.tensor(dev, &format!("{g}.linear_out.weight"), &[d, hid], act, lin)?,
+                    in_proj: w.tensor(
+                        dev,
+                        &format!("{p}.self_attn.in_projs.{set}.weight"),
+                        &[3 * d, d],
+                        act,
+                        lin,
+                    )?,
+                    out_proj: w.tensor(
+                        dev,
+                        &format!("{p}.self_attn.out_projs.{set}.weight"),
+                        &[d, d],
+                        act,
+                        lin,
+                    )?,
+                    ff_in: w.tensor(
+                        dev,
+                        &format!("{g}.linear_in.weight"),
+                        &[2 * hid, d],
+                        act,
+                        lin,
+                    )?,
+                    ff_out: w.tensor(
+                        dev,
+                        &format!("{g}.linear_out.weight"),
+                        &[d, hid],
+                        act,
+                        lin,
+                    )?,
                 });
             }
             layers.push(Layer {
@@ -197,7 +233,8 @@ impl Stack {
         };
         for layer in &self.layers {
             let w = &layer.sets[set];
-            k.norm.rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
+            k.norm
+                .rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
             linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
             k.attn.rope_kv_write(
                 dev,
@@ -221,7 +258,8 @@ impl Stack {
                 sc.attn,
             )?;
             linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
-            k.norm.rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
+            k.norm
+                .rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
             linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
             k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
             linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
