@@ -274,7 +274,13 @@ pub struct EmuDevice {
     order: Order,
     switches: u64,
     launches: u64,
+    /// GEMM operands widened to f32 (grown on first use, then reused, so a
+    /// steady-state step allocates nothing).
+    gemm_scratch: Vec<f32>,
 }
+
+/// Most arguments a launch passes (the runtime reads them from a fixed array).
+const MAX_LAUNCH_ARGS: usize = 32;
 
 impl Default for EmuDevice {
     fn default() -> Self {
@@ -333,6 +339,7 @@ impl EmuDevice {
             order: Order::default(),
             switches: 0,
             launches: 0,
+            gemm_scratch: Vec::new(),
         }
     }
 
@@ -552,7 +559,7 @@ impl EmuDevice {
                 // SAFETY: the range lies inside an allocation (checked when issued).
                 unsafe { std::ptr::write_bytes(dst as *mut u8, 0, bytes) }
             }
-            Op::Gemm(g) => gemm(&g),
+            Op::Gemm(g) => gemm(&g, &mut self.gemm_scratch),
             Op::Graph(id) => {
                 let ops = self.graphs[id as usize].clone();
                 for op in ops.iter() {
@@ -572,20 +579,27 @@ impl EmuDevice {
     /// Runs a validated launch.
     fn run(&mut self, kernel: u32, grid: [u32; 3], block: u32, args: &[Arg]) -> DeviceResult<()> {
         let k = &table().kernels[kernel as usize];
-        let mut slots: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
+        if args.len() > MAX_LAUNCH_ARGS {
+            return Err(shape(
+                k.name,
+                format!("{} arguments (at most {MAX_LAUNCH_ARGS})", args.len()),
+            ));
+        }
+        // Fixed arrays on the stack: no allocation per launch.
+        let mut slots = [0u64; MAX_LAUNCH_ARGS];
+        for (slot, a) in slots.iter_mut().zip(args) {
+            *slot = match *a {
                 Arg::Ptr(p) => p,
                 Arg::I32(v) => v as u32 as u64,
                 Arg::U32(v) => v as u64,
                 Arg::F32(v) => v.to_bits() as u64,
                 Arg::U64(v) => v,
-            })
-            .collect();
-        let mut ptrs: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
+            };
+        }
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_ARGS];
+        for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()) {
+            *p = s as *mut u64 as *mut c_void;
+        }
         let mut err = [0 as c_char; 1024];
         // SAFETY: the thunk reads parameter i from ptrs[i] as the kernel's
         // declared type; each slot is 8 bytes holding a value of that type in
@@ -702,18 +716,22 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// A validated GEMM (see [`Gemm`]): B is widened 64 rows at a time, so both
 /// operands of the inner product over k are contiguous.
-fn gemm(g: &Gemm) {
+fn gemm(g: &Gemm, scratch: &mut Vec<f32>) {
     const NB: usize = 64;
-    let mut a = vec![0f32; g.m * g.k];
+    let need = (g.m + NB) * g.k;
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (a, b) = scratch.split_at_mut(g.m * g.k);
+    let b = &mut b[..NB * g.k];
     // SAFETY: the operands were checked to lie inside live allocations,
     // aligned (`check_operand`); they are read through raw pointers only, so
     // C may alias them without a Rust reference being invalidated.
-    unsafe { widen(g.a, g.a_type, 0, g.m, g.lda, g.k, &mut a) };
-    let mut b = vec![0f32; NB * g.k];
+    unsafe { widen(g.a, g.a_type, 0, g.m, g.lda, g.k, a) };
     for n0 in (0..g.n).step_by(NB) {
         let nb = NB.min(g.n - n0);
         // SAFETY: as above.
-        unsafe { widen(g.b, g.b_type, n0, nb, g.ldb, g.k, &mut b) };
+        unsafe { widen(g.b, g.b_type, n0, nb, g.ldb, g.k, b) };
         for i in 0..g.m {
             let ar = &a[i * g.k..(i + 1) * g.k];
             for j in 0..nb {
@@ -880,6 +898,12 @@ impl Device for EmuDevice {
         block: u32,
         args: &[Arg],
     ) -> DeviceResult<()> {
+        if self.capture.is_none() {
+            // Run at once from the caller's arguments: no copy, no allocation.
+            self.faulted()?;
+            self.check_launch(kernel, grid, block, args)?;
+            return self.run(kernel.0, [grid.0, grid.1, grid.2], block, args);
+        }
         let op = self
             .check_launch(kernel, grid, block, args)
             .map(|_| Op::Launch {
