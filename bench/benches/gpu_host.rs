@@ -169,6 +169,9 @@ fn bench_host(c: &mut Criterion) {
             let mut model = GpuModel::random(dev, &lm, &mimi, 1, &opts).expect("host-only model");
             for s in 0..b {
                 model.reset_slot(s, &SessionParams::default()).unwrap();
+                // Past the model's delay, so every step has an output frame
+                // (what the pre-filled staging reports: see `HostMem`).
+                model.fast_forward_for_timing(s, lm.max_delay()).unwrap();
             }
             let mut batch = model.new_batch();
             batch.exec[..b].fill(true);

@@ -22,7 +22,11 @@ use moshid_kernels::plan::KvDtype;
 use moshid_model::checkpoint::CheckpointDir;
 
 fn device() -> CudaDevice {
-    let mut opts = CudaOpenOptions::default();
+    // One PTX cache for every device these tests open: NVRTC compiles once.
+    let mut opts = CudaOpenOptions {
+        cache_dir: Some(std::env::temp_dir().join("moshid-gpu-golden-ptx")),
+        ..CudaOpenOptions::default()
+    };
     if let Ok(dir) = std::env::var("MOSHID_CUDA_INCLUDE") {
         opts.include_dirs.push(dir.into());
     }
