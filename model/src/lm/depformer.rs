@@ -34,7 +34,8 @@ pub(crate) struct Depformer {
     linears: Vec<Vec<f32>>,
 }
 
-pub(crate) fn stack_shape(cfg: &LmConfig) -> StackShape {
+/// The depformer stack's shape for `cfg`.
+pub fn stack_shape(cfg: &LmConfig) -> StackShape {
     let d = &cfg.depformer;
     let sets = d.num_weight_sets(cfg.dep_q);
     StackShape {

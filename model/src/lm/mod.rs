@@ -47,17 +47,20 @@ mod transformer;
 
 /// `depformer_in` index of each depformer step, and how many projections exist.
 pub use depformer::in_indices as depformer_in_indices;
+/// The depformer stack's shape for a config.
+pub use depformer::stack_shape as depformer_shape;
 pub use gen::LmState;
 pub use sampling::{sample_top_k, slot_rng, Sampler, SlotRng};
 pub use setup::{Conditioning, SlotSetup};
 /// Hidden width of an official `ActivationGating` (note the `4 · dim` case).
 pub use transformer::gating_hidden;
+pub use transformer::StackShape;
 
 use crate::config::{LmConfig, ModelType};
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 use depformer::Depformer;
 use embeddings::Embedding;
-use transformer::{Stack, StackShape};
+use transformer::Stack;
 
 /// Generation parameters of one slot. Defaults are the official `LMGen`
 /// defaults (sampling on, temperatures 0.8 / 0.7, top-k 250 / 25, no CFG).
@@ -208,7 +211,8 @@ pub struct Lm {
     conditioning: Conditioning,
 }
 
-fn temporal_shape(cfg: &LmConfig) -> StackShape {
+/// The temporal transformer's shape for `cfg`.
+pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
     StackShape {
         dim: cfg.dim,
         heads: cfg.num_heads,

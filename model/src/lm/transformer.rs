@@ -27,9 +27,9 @@ pub fn gating_hidden(dim: usize, dim_feedforward: usize) -> usize {
     }
 }
 
-/// Shape of one stack.
-#[derive(Debug, Clone)]
-pub(crate) struct StackShape {
+/// Shape of one transformer stack (every backend builds its stacks from it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackShape {
     /// Width.
     pub dim: usize,
     /// Attention heads.

@@ -12,12 +12,12 @@
 
 use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
-use super::stack::{Stack, StackScratch, StackShape};
+use super::stack::{Stack, StackScratch};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult};
 use crate::ops::attention::KvType;
 use crate::ops::sampling::SampleArgs;
-use moshid_model::config::{LmConfig, PosEmb};
+use moshid_model::config::LmConfig;
 
 /// An embedding table, optionally low-rank (`[rows][rank]` + `[dim][rank]`).
 pub(super) struct Embedding {
@@ -54,25 +54,6 @@ impl Embedding {
             None => None,
         };
         Ok(Embedding { table, low_rank })
-    }
-}
-
-/// The depformer's shape, as the CPU reference derives it.
-pub(super) fn stack_shape(cfg: &LmConfig) -> StackShape {
-    let d = &cfg.depformer;
-    StackShape {
-        dim: d.dim,
-        heads: d.num_heads,
-        layers: d.num_layers,
-        hidden: moshid_model::lm::gating_hidden(d.dim, d.dim_feedforward),
-        sets: d.num_weight_sets(cfg.dep_q),
-        gating_list: d.weights_per_step,
-        // The official depformer runs with `context = None` and a cache of
-        // `dep_q` entries: every step sees the whole frame so far.
-        capacity: cfg.dep_q,
-        context: cfg.dep_q,
-        rope_period: (d.pos_emb == PosEmb::Rope).then_some(d.max_period),
-        eps: cfg.norm.eps(),
     }
 }
 
@@ -147,7 +128,15 @@ impl Depformer {
             DType::F32 => KvType::F32,
             DType::Bf16 => KvType::Bf16,
         };
-        let stack = Stack::load(dev, w, "depformer", stack_shape(cfg), act, kv, max_rows)?;
+        let stack = Stack::load(
+            dev,
+            w,
+            "depformer",
+            moshid_model::lm::depformer_shape(cfg),
+            act,
+            kv,
+            max_rows,
+        )?;
         let linears = (0..cfg.dep_q)
             .map(|k| {
                 w.tensor(

@@ -37,7 +37,7 @@ use crate::ops::types::SlotParams;
 use depformer::Depformer;
 use moshid_model::config::{LmConfig, ModelType};
 use moshid_model::lm::{Conditioning, GenParams, ParamError};
-use stack::{Stack, StackScratch, StackShape};
+use stack::{Stack, StackScratch};
 
 /// Every kernel family the LM launches.
 #[derive(Debug, Clone, Copy)]
@@ -133,24 +133,6 @@ pub struct GpuLm {
     memory: LmMemory,
 }
 
-fn temporal_shape(cfg: &LmConfig) -> StackShape {
-    StackShape {
-        dim: cfg.dim,
-        heads: cfg.num_heads,
-        layers: cfg.num_layers,
-        hidden: moshid_model::lm::gating_hidden(
-            cfg.dim,
-            (cfg.hidden_scale * cfg.dim as f64) as usize,
-        ),
-        sets: 1,
-        gating_list: false,
-        capacity: cfg.context,
-        context: cfg.context,
-        rope_period: Some(cfg.max_period),
-        eps: cfg.norm.eps(),
-    }
-}
-
 impl GpuLm {
     /// Uploads the LM (weights and activations in `act`, temporal KV cache in
     /// `kv`) for `max_slots` slots and buckets of up to `max_bucket`
@@ -218,7 +200,7 @@ impl GpuLm {
             dev,
             w,
             "transformer",
-            temporal_shape(cfg),
+            moshid_model::lm::temporal_shape(cfg),
             act,
             kv,
             cache_rows,

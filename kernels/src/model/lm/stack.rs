@@ -17,31 +17,7 @@ use super::super::GpuError;
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
 use crate::ops::attention::{AttnShape, KvType};
-
-/// Shape of one stack.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StackShape {
-    /// Width.
-    pub dim: usize,
-    /// Attention heads.
-    pub heads: usize,
-    /// Layers.
-    pub layers: usize,
-    /// Gated feed-forward hidden width.
-    pub hidden: usize,
-    /// Weight sets (1, or one per scheduled depformer step).
-    pub sets: usize,
-    /// Whether the gating modules are a per-step list (`gating.{i}.…`).
-    pub gating_list: bool,
-    /// Ring KV cache length.
-    pub capacity: usize,
-    /// Attention window (steps, including the current one).
-    pub context: usize,
-    /// RoPE period, when RoPE is used.
-    pub rope_period: Option<f32>,
-    /// Norm epsilon.
-    pub eps: f32,
-}
+pub use moshid_model::lm::StackShape;
 
 struct SetWeights {
     in_proj: DevTensor,
