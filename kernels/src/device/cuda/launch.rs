@@ -1,0 +1,152 @@
+//! The kernel table and launches: at `open`, every module of
+//! [`compile::MODULES`] is compiled (or read from the PTX cache), loaded and
+//! resolved into a table indexed by [`KernelId`], with each kernel's
+//! parameter sizes read from its PTX; a launch is checked against them.
+//!
+//! Invariants: a launch reaches `cuLaunchKernel` only with a known kernel,
+//! arguments matching its PTX declaration in number and size (where it was
+//! parsed), a grid and block within CUDA's limits, and every non-null
+//! pointer argument inside an allocation of this device.
+
+use super::args::{entry_params, PackedArgs};
+use super::calls::{call, guarded, shape, CallError};
+use super::{CudaDevice, CudaOpenOptions};
+use crate::compile::{self, CompileConfig};
+use crate::device::{Arg, DeviceError, DeviceResult, KernelId};
+use cudarc::driver::CudaFunction;
+
+/// One resolved kernel.
+pub(super) struct Kernel {
+    pub(super) name: &'static str,
+    pub(super) func: CudaFunction,
+    /// Byte size of each parameter, from the PTX (`None`: not parsed, unchecked).
+    pub(super) params: Option<Vec<u16>>,
+}
+
+impl CudaDevice {
+    pub(super) fn load_kernels(&mut self, opts: &CudaOpenOptions) -> DeviceResult<()> {
+        let mut include_dirs = opts.include_dirs.clone();
+        if !include_dirs.iter().any(|d| d.join("cuda_bf16.h").is_file()) {
+            include_dirs.push(compile::find_cuda_include(&include_dirs)?);
+        }
+        let nvrtc = compile::nvrtc_version()?;
+        let compiled = compile::compile_all(&CompileConfig {
+            arch: self.arch,
+            include_dirs,
+            cache_dir: opts.cache_dir.clone(),
+        })?;
+        self.bind()?;
+        for c in &compiled {
+            let ptx = cudarc::nvrtc::Ptx::from_src(c.ptx.clone());
+            let module =
+                guarded("cuModuleLoadData", || self.ctx.load_module(ptx))?.map_err(|e| {
+                    DeviceError::Call {
+                        call: "cuModuleLoadData",
+                        why: format!(
+                        "{} for {}: {} (PTX from NVRTC {}.{} needs a driver supporting CUDA {}.{}; \
+                         this one supports {}.{})",
+                        c.module.file,
+                        c.arch,
+                        e.describe(),
+                        nvrtc.0,
+                        nvrtc.1,
+                        nvrtc.0,
+                        nvrtc.1,
+                        self.driver_version / 1000,
+                        self.driver_version % 1000 / 10
+                    ),
+                    }
+                })?;
+            for &name in c.module.kernels {
+                let func = call("cuModuleGetFunction", || module.load_function(name))?;
+                self.kernels.push(Kernel {
+                    name,
+                    func,
+                    params: entry_params(&c.ptx, name),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn launch_inner(
+        &self,
+        kernel: KernelId,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> DeviceResult<()> {
+        let k = self
+            .kernels
+            .get(kernel.0 as usize)
+            .ok_or_else(|| DeviceError::UnknownKernel(format!("#{}", kernel.0)))?;
+        let mut packed = PackedArgs::new(args)?;
+        if let Some(params) = &k.params {
+            let ok = params.len() == packed.len()
+                && params
+                    .iter()
+                    .zip(packed.sizes())
+                    .all(|(&p, &a)| p == a as u16);
+            if !ok {
+                return Err(shape(
+                    "launch",
+                    format!(
+                        "`{}` takes parameters of {params:?} bytes, given {:?}",
+                        k.name,
+                        packed.sizes()
+                    ),
+                ));
+            }
+        }
+        if block == 0
+            || block > 1024
+            || grid.0 == 0
+            || grid.1 == 0
+            || grid.2 == 0
+            || grid.0 > i32::MAX as u32
+            || grid.1 > 65_535
+            || grid.2 > 65_535
+        {
+            return Err(shape(
+                "launch",
+                format!("`{}`: grid {grid:?} block {block}", k.name),
+            ));
+        }
+        // As on the emulator: a pointer argument is null or points into an
+        // allocation of this device (a stray one would fault the context).
+        for (i, a) in args.iter().enumerate() {
+            if let Arg::Ptr(p) = *a {
+                if p != crate::device::NULL && self.check_range("launch", p, 1).is_err() {
+                    return Err(shape(
+                        "launch",
+                        format!(
+                            "`{}` argument {i}: {p:#x} is not inside any allocation of this device",
+                            k.name
+                        ),
+                    ));
+                }
+            }
+        }
+        let func = k.func.cu_function();
+        let stream = self.cu_stream();
+        self.bind()?;
+        let mut ptrs = packed.pointers();
+        let n = packed.len();
+        // SAFETY: `func` is a function of a module this device keeps loaded;
+        // the parameter array points at `packed`, alive on this frame until the
+        // call returns (the driver copies the values at launch, and at capture
+        // for a graph); the count and sizes match the kernel's PTX declaration
+        // (checked above, when it was parsed). What the kernel addresses
+        // through pointer arguments is the caller's contract (the `ops` layer).
+        call("cuLaunchKernel", || unsafe {
+            cudarc::driver::result::launch_kernel(
+                func,
+                grid,
+                (block, 1, 1),
+                0,
+                stream,
+                &mut ptrs[..n],
+            )
+        })
+    }
+}
