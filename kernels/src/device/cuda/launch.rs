@@ -18,9 +18,9 @@ use cudarc::driver::CudaFunction;
 /// One resolved kernel.
 pub(super) struct Kernel {
     pub(super) name: &'static str,
-    pub(super) func: CudaFunction,
+    func: CudaFunction,
     /// Byte size of each parameter, from the PTX (`None`: not parsed, unchecked).
-    pub(super) params: Option<Vec<u16>>,
+    params: Option<Vec<u16>>,
 }
 
 impl CudaDevice {

@@ -66,6 +66,9 @@
 //! PTX `.entry` parsing), `launch.rs` (the kernel table and launches),
 //! `cublas.rs` (the cuBLAS handle, its workspace and the GEMM mapping),
 //! `capture.rs` (graph capture, instantiation and launch).
+//!
+//! [`compile`]: crate::compile
+//! [`compile::MODULES`]: crate::compile::MODULES
 
 mod args;
 mod calls;
@@ -100,6 +103,8 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 pub struct CudaOpenOptions {
     /// Folders NVRTC searches for `#include <…>` (CUDA's own headers). When
     /// none holds `cuda_bf16.h`, [`compile::find_cuda_include`] adds one.
+    ///
+    /// [`compile::find_cuda_include`]: crate::compile::find_cuda_include
     pub include_dirs: Vec<PathBuf>,
     /// PTX cache folder; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,

@@ -1,10 +1,10 @@
 //! The driver and cuBLAS symbols this device calls, looked up when it
 //! opens ([`DRIVER_SYMBOLS`] in `open`, [`CUBLAS_SYMBOLS`] in `init_cublas`).
 //!
-//! Invariant: every driver or cuBLAS function called by the device, directly
-//! or through cudarc, is in one of these lists, so an old library is an
-//! error at `open` rather than a panic at first use. The lookup only takes
-//! the symbol's address; nothing is called.
+//! Invariants: every driver or cuBLAS function the device calls, directly or
+//! through cudarc, belongs in one of these lists (add it here with the call),
+//! so that an old library is an error at `open` rather than a panic at first
+//! use. The lookup only takes each symbol's address; nothing is called.
 
 /// Driver symbols called here (directly or through cudarc), checked at open.
 pub(super) const DRIVER_SYMBOLS: &[&str] = &[

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 /// One kernel of the compiled table.
 pub(super) struct Kernel {
     pub(super) name: &'static str,
-    pub(super) thunk: *const c_void,
+    thunk: *const c_void,
     /// Parameter kinds: `p` pointer, `i` int, `u` unsigned, `f` float, `U`
     /// 64-bit integer, `?` unsupported.
     pub(super) kinds: &'static [u8],
