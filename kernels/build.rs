@@ -1,4 +1,4 @@
-//! Builds the emulator device's native half (`src/device/emu.rs`): every
+//! Builds the emulator device's native half (`src/device/emu/`): every
 //! kernel source of `cuda/` compiled for the host by the system C++ compiler
 //! (g++ or clang++, C++17), with the CUDA stand-ins of `emu/cuda_emu.h` and the
 //! fiber scheduler of `emu/emu_runtime.cpp`, into one static library.

@@ -1,5 +1,5 @@
 // The CUDA dialect of kernels/cuda/*.cu for the host C++ compiler: what the
-// emulator device (kernels/src/device/emu.rs) needs so that the very same
+// emulator device (kernels/src/device/emu/) needs so that the very same
 // kernel sources compile with g++ and run on the CPU.
 //
 // build.rs makes one translation unit per module: this header, then (inside

@@ -22,11 +22,11 @@ pub struct SampleArgs {
     pub vocab: usize,
     /// Row stride of `logits`.
     pub ld: usize,
-    /// SlotStep[n_steps] (rows of the logits, guidance row).
+    /// `SlotStep[n_steps]` (rows of the logits, guidance row).
     pub steps: DevPtr,
     /// Slot-steps.
     pub n_steps: usize,
-    /// SlotParams[max_slots].
+    /// `SlotParams[max_slots]`.
     pub params: DevPtr,
     /// Audio (true) or text (false) temperature and top-k.
     pub audio: bool,

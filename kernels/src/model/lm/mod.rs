@@ -75,9 +75,9 @@ const HIBIKI_TEXT_PAD: usize = 3;
 /// Where one frame's LM inputs and outputs live on the device (per bucket).
 #[derive(Debug, Clone)]
 pub struct LmStepIo {
-    /// SlotStep[bucket].
+    /// `SlotStep[bucket]`.
     pub steps: DevPtr,
-    /// Temporal RowInfo[bucket · rps].
+    /// Temporal `RowInfo[bucket · rps]`.
     pub rows: DevPtr,
     /// dep_q arrays of RowInfo[bucket · rps] (depformer step k at position k).
     pub dep_rows: Vec<DevPtr>,
