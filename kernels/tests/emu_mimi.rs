@@ -24,7 +24,7 @@ use moshid_kernels::ops::types::SlotStep;
 use moshid_model::config::MimiConfig;
 use moshid_model::mimi::Mimi;
 use moshid_model::weights::Weights;
-use std::collections::HashMap;
+use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -32,34 +32,6 @@ const MAX_REL: f64 = 1e-4;
 
 fn fixture_dirs() -> Vec<PathBuf> {
     fixtures::fixture_dirs("mimi_config.json")
-}
-
-/// The tensors of a safetensors file: name → (dtype, shape, bytes).
-fn read_safetensors(path: &Path) -> HashMap<String, (String, Vec<usize>, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
-    let data = &bytes[8 + n..];
-    let mut out = HashMap::new();
-    for (name, v) in header.as_object().expect("header object") {
-        if name == "__metadata__" {
-            continue;
-        }
-        let dtype = v["dtype"].as_str().expect("dtype").to_string();
-        let shape = v["shape"]
-            .as_array()
-            .expect("shape")
-            .iter()
-            .map(|d| d.as_u64().unwrap() as usize)
-            .collect();
-        let off = v["data_offsets"].as_array().expect("offsets");
-        let (a, b) = (
-            off[0].as_u64().unwrap() as usize,
-            off[1].as_u64().unwrap() as usize,
-        );
-        out.insert(name.clone(), (dtype, shape, data[a..b].to_vec()));
-    }
-    out
 }
 
 struct Io {
@@ -79,17 +51,11 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 }
 
 fn read_io(dir: &Path) -> Io {
-    let t = read_safetensors(&dir.join("io.safetensors"));
-    let get = |name: &str, dtype: &str| {
-        let (d, s, b) = t
-            .get(name)
-            .unwrap_or_else(|| panic!("io.safetensors: no {name}"));
-        assert_eq!(d, dtype, "{name}");
-        (s.clone(), b.clone())
-    };
-    let (ps, pcm) = get("pcm_in", "F32");
-    let (cs, codes) = get("mimi_codes", "I64");
-    let (os, out) = get("mimi_pcm_out", "F32");
+    let bytes = std::fs::read(dir.join("io.safetensors")).expect("io.safetensors");
+    let st = SafeTensors::deserialize(&bytes).expect("valid io.safetensors");
+    let (pcm_in, ps) = fixtures::tensor_f32(&st, "pcm_in");
+    let (codes, cs) = fixtures::tensor_i64(&st, "mimi_codes");
+    let (pcm_out, os) = fixtures::tensor_f32(&st, "mimi_pcm_out");
     assert_eq!(ps.len(), 3);
     assert_eq!(ps, os);
     assert_eq!(cs[0], ps[0]);
@@ -97,12 +63,9 @@ fn read_io(dir: &Path) -> Io {
         streams: cs[0],
         codebooks: cs[1],
         frames: cs[2],
-        pcm_in: f32s(&pcm),
-        codes: codes
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-        pcm_out: f32s(&out),
+        pcm_in,
+        codes,
+        pcm_out,
     }
 }
 

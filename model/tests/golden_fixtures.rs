@@ -1,5 +1,6 @@
-//! Which fixture folders the golden tests run.
+//! Which fixture folders the golden tests run, and how their tensors are read.
 
+use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
 /// The folders named in `MOSHID_GOLDEN` (colon-separated), or else every
@@ -27,4 +28,33 @@ pub fn fixture_dirs(marker: &str) -> Vec<PathBuf> {
         root.display()
     );
     dirs
+}
+
+/// A float32 tensor of a fixture file with its shape; panics naming it when
+/// it is absent or of another dtype.
+pub fn tensor_f32(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
+    assert_eq!(t.dtype(), Dtype::F32, "{name}");
+    let v = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
+}
+
+/// An int64 tensor of a fixture file with its shape, as [`tensor_f32`].
+pub fn tensor_i64(st: &SafeTensors, name: &str) -> (Vec<i64>, Vec<usize>) {
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
+    assert_eq!(t.dtype(), Dtype::I64, "{name}");
+    let v = t
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
 }

@@ -1,6 +1,6 @@
-//! The golden fixture folders and their input audio.
+//! The golden fixture folders, their tensors and their input audio.
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::path::Path;
 
 #[path = "../../../model/tests/golden_fixtures.rs"]
@@ -8,35 +8,7 @@ mod dirs;
 
 /// The fixture folders (`MOSHID_GOLDEN`, or `../shared/golden`), as the
 /// model crate's golden tests find them.
-pub use dirs::fixture_dirs;
-
-/// A float tensor of `io.safetensors` with its shape.
-pub fn tensor_f32(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
-    assert_eq!(t.dtype(), Dtype::F32, "{name}");
-    let v = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
-}
-
-/// An integer tensor of `io.safetensors` with its shape.
-pub fn tensor_i64(st: &SafeTensors, name: &str) -> (Vec<i64>, Vec<usize>) {
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
-    assert_eq!(t.dtype(), Dtype::I64, "{name}");
-    let v = t
-        .data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
-}
+pub use dirs::{fixture_dirs, tensor_f32, tensor_i64};
 
 /// `pcm_in` of a fixture: `(streams, samples per stream, samples)`.
 pub fn input_pcm(dir: &Path) -> (usize, usize, Vec<f32>) {

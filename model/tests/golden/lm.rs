@@ -16,10 +16,11 @@
 use moshid_model::config::LmConfig;
 use moshid_model::lm::{GenParams, Lm, LmStepOutput};
 use moshid_model::weights::Weights;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
 use super::alloc_count::ALLOCS;
+use super::fixtures::{tensor_f32, tensor_i64};
 
 const STREAMS: usize = 3;
 
@@ -39,32 +40,6 @@ struct Fixture {
     logits: Vec<f32>,
     reuse: Vec<i64>,
     reuse_step: usize,
-}
-
-fn tensor_i64(st: &SafeTensors, name: &str) -> (Vec<i64>, Vec<usize>) {
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
-    assert_eq!(t.dtype(), Dtype::I64, "{name}");
-    let v = t
-        .data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
-}
-
-fn tensor_f32(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|e| panic!("io.safetensors: {name}: {e}"));
-    assert_eq!(t.dtype(), Dtype::F32, "{name}");
-    let v = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
 }
 
 fn load(dir: &Path) -> Fixture {
