@@ -28,7 +28,7 @@ use super::io::Layout;
 use super::lm::{GpuLm, LmKernels, LmStepIo};
 use super::mimi::GpuMimi;
 use super::tensor::WeightLoader;
-use super::{GpuError, GpuOptions, Precision};
+use super::{GpuError, GpuOptions};
 use crate::device::{DevPtr, Device, GraphId, HostBuf};
 use crate::ops::types::{RowInfo, SlotStep};
 use crate::plan::{bucket_for, buckets};
@@ -166,7 +166,6 @@ impl<D: Device> GpuModel<D> {
         let host_in = dev.alloc_host(largest.in_bytes)?;
         let host_out = dev.alloc_host(largest.out_bytes)?;
         let user_codes = dev.alloc(ms * nq * 4)?;
-        let row_bytes = std::mem::size_of::<RowInfo>();
         let plans = bucket_sizes
             .iter()
             .map(|&b| {
@@ -186,7 +185,6 @@ impl<D: Device> GpuModel<D> {
                 }
             })
             .collect();
-        debug_assert!(row_bytes == 20);
         let k = LmKernels::resolve(&dev)?;
         let mut model = GpuModel {
             max_delay: cfg.max_delay(),
@@ -503,12 +501,5 @@ impl<D: Device> StreamingModel for GpuModel<D> {
             }
         }
         Ok(())
-    }
-}
-
-impl<D: Device> GpuModel<D> {
-    /// Whether this model runs the exact f32 reference precision.
-    pub fn is_reference_precision(&self) -> bool {
-        self.opts.precision == Precision::F32
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::device::{DType, DevPtr, Device, DeviceResult, Gemm};
 use crate::ops::elementwise::EwKernels;
-use moshid_model::weights::{CheckpointError, Weights};
+use moshid_model::weights::Weights;
 
 use super::GpuError;
 
@@ -125,41 +125,14 @@ impl<'a> WeightLoader<'a> {
     ) -> Result<DevTensor, GpuError> {
         let cols = *shape.last().unwrap_or(&1);
         let rows = shape.iter().rev().skip(1).product::<usize>();
-        let n = rows * cols;
-        let ptr = dev.alloc(n * dtype.bytes())?;
-        let t = DevTensor {
+        let ptr = dev.alloc(rows * cols * dtype.bytes())?;
+        self.write_at(dev, name, shape, ptr, dtype, init, fixup)?;
+        Ok(DevTensor {
             ptr,
             dtype,
             rows,
             cols,
-        };
-        match &mut self.source {
-            Source::Checkpoint(w) => {
-                let mut v = w.take(name, shape)?;
-                fixup(&mut v);
-                upload_f32_as(dev, ptr, &v, dtype)?;
-            }
-            Source::Random { seed, count, ew } => {
-                *count += 1;
-                let s = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                match init {
-                    Init::Ones => match dtype {
-                        DType::F32 => ew.fill(dev, ptr, n, 1.0)?,
-                        DType::Bf16 => {
-                            return Err(GpuError::Unsupported(format!(
-                                "{name}: norm weights are f32"
-                            )))
-                        }
-                    },
-                    Init::Linear => {
-                        ew.fill_uniform(dev, ptr, dtype, n, s, 1.0 / (cols as f32).sqrt())?
-                    }
-                    Init::Embedding => ew.fill_uniform(dev, ptr, dtype, n, s, 0.1)?,
-                }
-            }
-        }
-        self.bytes += t.bytes();
-        Ok(t)
+        })
     }
 
     /// The weight `name` of `shape` written at `dst` (already allocated,
@@ -173,51 +146,49 @@ impl<'a> WeightLoader<'a> {
         dtype: DType,
         init: Init,
     ) -> Result<(), GpuError> {
+        self.write_at(dev, name, shape, dst, dtype, init, |_| {})
+    }
+
+    /// Writes the weight `name` at `dst`: the checkpoint's values (after
+    /// `fixup`) converted to `dtype`, or a random fill drawn as `init` says.
+    #[allow(clippy::too_many_arguments)]
+    fn write_at<D: Device + ?Sized>(
+        &mut self,
+        dev: &mut D,
+        name: &str,
+        shape: &[usize],
+        dst: DevPtr,
+        dtype: DType,
+        init: Init,
+        fixup: impl FnOnce(&mut [f32]),
+    ) -> Result<(), GpuError> {
         let n = shape.iter().product::<usize>();
         let cols = *shape.last().unwrap_or(&1);
         match &mut self.source {
             Source::Checkpoint(w) => {
-                let v = w.take(name, shape)?;
+                let mut v = w.take(name, shape)?;
+                fixup(&mut v);
                 upload_f32_as(dev, dst, &v, dtype)?;
             }
             Source::Random { seed, count, ew } => {
                 *count += 1;
                 let s = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                let scale = match init {
-                    Init::Linear => 1.0 / (cols as f32).sqrt(),
-                    Init::Embedding => 0.1,
-                    Init::Ones => {
+                match (init, dtype) {
+                    (Init::Ones, DType::F32) => ew.fill(dev, dst, n, 1.0)?,
+                    (Init::Ones, DType::Bf16) => {
                         return Err(GpuError::Unsupported(format!(
-                            "{name}: ones are not drawn into a stacked table"
+                            "{name}: norm weights are f32"
                         )))
                     }
-                };
-                ew.fill_uniform(dev, dst, dtype, n, s, scale)?;
+                    (Init::Linear, _) => {
+                        ew.fill_uniform(dev, dst, dtype, n, s, 1.0 / (cols as f32).sqrt())?
+                    }
+                    (Init::Embedding, _) => ew.fill_uniform(dev, dst, dtype, n, s, 0.1)?,
+                }
             }
         }
         self.bytes += n * dtype.bytes();
         Ok(())
-    }
-
-    /// A weight kept on the host in f32 (small tensors the host needs).
-    pub fn host(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
-        match &mut self.source {
-            Source::Checkpoint(w) => w.take(name, shape),
-            Source::Random { seed, count, .. } => {
-                *count += 1;
-                let mut x = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                let n = shape.iter().product::<usize>();
-                let scale = 1.0 / (*shape.last().unwrap_or(&1) as f32).sqrt();
-                Ok((0..n)
-                    .map(|_| {
-                        x = x
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1_442_695_040_888_963_407);
-                        ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-                    })
-                    .collect())
-            }
-        }
     }
 }
 
