@@ -271,6 +271,21 @@ impl Checkpoint {
         Ok(e)
     }
 
+    /// One tensor's stored bytes, in the mapped file (no copy, no
+    /// conversion): for loaders that convert straight into their own buffers.
+    pub fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>, CheckpointError> {
+        let e = self.entry(name, shape)?;
+        let dtype = match e.dtype {
+            Dtype::F32 => RawDtype::F32,
+            Dtype::BF16 => RawDtype::Bf16,
+            Dtype::F16 => RawDtype::F16,
+            _ => unreachable!("entry() admits float dtypes only"),
+        };
+        let numel: usize = e.shape.iter().product();
+        let bytes = &self.mmap[e.byte_start..e.byte_start + numel * dtype.bytes()];
+        Ok(RawTensor { dtype, bytes })
+    }
+
     /// Reads one tensor as float32 (converting bf16/f16).
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
         let e = self.entry(name, shape)?;
@@ -293,6 +308,56 @@ impl Checkpoint {
             _ => unreachable!("entry() admits float dtypes only"),
         };
         Ok(out)
+    }
+}
+
+/// How a checkpoint stores a tensor's values (little-endian, as safetensors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawDtype {
+    /// IEEE float32.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE float16.
+    F16,
+}
+
+impl RawDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            RawDtype::F32 => 4,
+            RawDtype::Bf16 | RawDtype::F16 => 2,
+        }
+    }
+}
+
+/// A tensor's values as stored: `bytes.len() == numel · dtype.bytes()`,
+/// row-major, little-endian.
+#[derive(Debug, Clone, Copy)]
+pub struct RawTensor<'a> {
+    /// Storage type.
+    pub dtype: RawDtype,
+    /// The values' bytes.
+    pub bytes: &'a [u8],
+}
+
+impl RawTensor<'_> {
+    /// Number of values.
+    pub fn numel(&self) -> usize {
+        self.bytes.len() / self.dtype.bytes()
+    }
+
+    /// Value `i` as float32 (exact: bf16 and f16 widen without rounding).
+    pub fn get_f32(&self, i: usize) -> f32 {
+        let b = self.bytes;
+        match self.dtype {
+            RawDtype::F32 => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
+            RawDtype::Bf16 => half::bf16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32(),
+            RawDtype::F16 => half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32(),
+        }
     }
 }
 
@@ -326,6 +391,18 @@ impl Weights {
         let v = self.ckpt.read_f32(name, shape)?;
         self.taken.push(name.to_string());
         Ok(v)
+    }
+
+    /// Takes a tensor of the given shape as stored in the file (see
+    /// [`Checkpoint::raw`]); it counts as taken like [`Weights::take`].
+    pub fn take_raw(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<RawTensor<'_>, CheckpointError> {
+        self.ckpt.entry(name, shape)?;
+        self.taken.push(name.to_string());
+        self.ckpt.raw(name, shape)
     }
 
     /// Ends loading: every tensor in the file must have been taken.
@@ -438,6 +515,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unexpected tensor `ints`"), "{e}");
+    }
+
+    #[test]
+    fn raw_takes_are_the_stored_bytes_of_split_tensors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.safetensors");
+        let inp: Vec<f32> = (0..24).map(|x| x as f32 - 7.5).collect();
+        let bf: Vec<u8> = inp
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect();
+        let hf: Vec<u8> = [0.5f32, -3.0]
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect();
+        write(
+            &p,
+            &[
+                (
+                    "l.self_attn.in_proj_weight",
+                    Dtype::BF16,
+                    vec![12, 2],
+                    bf.clone(),
+                ),
+                ("h", Dtype::F16, vec![2], hf.clone()),
+                ("f", Dtype::F32, vec![2], f32_bytes(&[1.25, 9.0])),
+            ],
+        );
+        let mut w = Weights::open(&p).unwrap();
+        let step1 = w
+            .take_raw("l.self_attn.in_projs.1.weight", &[6, 2])
+            .unwrap();
+        assert_eq!(step1.dtype, RawDtype::Bf16);
+        assert_eq!(step1.bytes, &bf[24..]);
+        assert_eq!(step1.numel(), 12);
+        assert_eq!(step1.get_f32(0), inp[12]);
+        let h = w.take_raw("h", &[2]).unwrap();
+        assert_eq!((h.dtype, h.bytes), (RawDtype::F16, &hf[..]));
+        assert_eq!(h.get_f32(1), -3.0);
+        let e = w.take_raw("f", &[3]).unwrap_err().to_string();
+        assert!(e.contains("`f`") && e.contains("[3]"), "{e}");
+        assert_eq!(w.take_raw("f", &[2]).unwrap().get_f32(0), 1.25);
+        // Only what was taken counts: step 0 is still missing.
+        let e = w.finish().unwrap_err().to_string();
+        assert!(e.contains("in_projs.0"), "{e}");
     }
 
     #[test]

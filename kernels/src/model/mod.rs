@@ -7,12 +7,15 @@
 //! - `lm/`: the temporal transformer, the depformer, the token cache and
 //!   sampling; `mimi/`: the streaming codec;
 //! - `tensor.rs`: weights from a checkpoint or a seeded random fill, and the
-//!   GEMM that applies them; `io.rs`: the per-frame transfer layout.
+//!   GEMM that applies them; `staging.rs`: the pinned double buffer that
+//!   checkpoint bytes reach the device through; `io.rs`: the per-frame
+//!   transfer layout.
 
 mod error;
 mod io;
 pub mod lm;
 pub mod mimi;
+pub mod staging;
 mod streaming;
 pub mod tensor;
 

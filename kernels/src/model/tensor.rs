@@ -2,17 +2,23 @@
 //! random fill for timing real shapes without one), in which precision, and
 //! the GEMM that applies them.
 //!
-//! Invariants: a weight is read from the checkpoint exactly once (the
-//! checkpoint reader refuses a second take and, at `finish`, any tensor
-//! nobody took), converted on the host to the precision asked for (bf16 by
-//! round-to-nearest-even, as `__float2bfloat16_rn`), and uploaded into memory
-//! allocated for it alone. Norm weights and biases stay f32 whatever the
-//! precision.
+//! A checkpoint's tensor goes from the mapped file straight into the pinned
+//! [`Staging`] buffer, converted chunk by chunk on the way (a bf16 tensor
+//! loaded as bf16 is a plain copy), and from there to the device by DMA: no
+//! host copy of a whole tensor is made, except for the few tensors a loader
+//! rule rewrites (`fixup`).
+//!
+//! Invariants: a weight is taken from the checkpoint once (`finish` then
+//! refuses any tensor nobody took), converted on the host to the precision
+//! asked for (bf16 by round-to-nearest-even, as `__float2bfloat16_rn`), and
+//! written into memory allocated for it alone or into its place in a stacked
+//! set. Norm weights and biases stay f32 whatever the precision.
 
 use crate::device::{DType, DevPtr, Device, DeviceResult, Gemm};
 use crate::ops::elementwise::EwKernels;
-use moshid_model::weights::Weights;
+use moshid_model::weights::{RawDtype, RawTensor, Weights};
 
+use super::staging::{Staging, STAGING_CHUNK_BYTES};
 use super::GpuError;
 
 /// A weight matrix on the device, `[rows][cols]` row-major (a PyTorch
@@ -53,7 +59,11 @@ pub enum Init {
 }
 
 enum Source<'a> {
-    Checkpoint(&'a mut Weights),
+    Checkpoint {
+        weights: &'a mut Weights,
+        /// Made at the first tensor (it needs the device).
+        staging: Option<Staging>,
+    },
     Random {
         seed: u64,
         count: u64,
@@ -76,7 +86,10 @@ impl<'a> WeightLoader<'a> {
     /// Weights from a checkpoint.
     pub fn checkpoint(w: &'a mut Weights) -> Self {
         WeightLoader {
-            source: Source::Checkpoint(w),
+            source: Source::Checkpoint {
+                weights: w,
+                staging: None,
+            },
             bytes: 0,
         }
     }
@@ -108,7 +121,7 @@ impl<'a> WeightLoader<'a> {
         dtype: DType,
         init: Init,
     ) -> Result<DevTensor, GpuError> {
-        self.tensor_with(dev, name, shape, dtype, init, |_| {})
+        self.place(dev, name, shape, dtype, init, None)
     }
 
     /// As [`WeightLoader::tensor`], applying `fixup` to the checkpoint's
@@ -121,7 +134,19 @@ impl<'a> WeightLoader<'a> {
         shape: &[usize],
         dtype: DType,
         init: Init,
-        fixup: impl FnOnce(&mut [f32]),
+        mut fixup: impl FnMut(&mut [f32]),
+    ) -> Result<DevTensor, GpuError> {
+        self.place(dev, name, shape, dtype, init, Some(&mut fixup))
+    }
+
+    fn place<D: Device + ?Sized>(
+        &mut self,
+        dev: &mut D,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        init: Init,
+        fixup: Option<&mut dyn FnMut(&mut [f32])>,
     ) -> Result<DevTensor, GpuError> {
         let cols = *shape.last().unwrap_or(&1);
         let rows = shape.iter().rev().skip(1).product::<usize>();
@@ -146,7 +171,7 @@ impl<'a> WeightLoader<'a> {
         dtype: DType,
         init: Init,
     ) -> Result<(), GpuError> {
-        self.write_at(dev, name, shape, dst, dtype, init, |_| {})
+        self.write_at(dev, name, shape, dst, dtype, init, None)
     }
 
     /// Writes the weight `name` at `dst`: the checkpoint's values (after
@@ -160,15 +185,30 @@ impl<'a> WeightLoader<'a> {
         dst: DevPtr,
         dtype: DType,
         init: Init,
-        fixup: impl FnOnce(&mut [f32]),
+        fixup: Option<&mut dyn FnMut(&mut [f32])>,
     ) -> Result<(), GpuError> {
         let n = shape.iter().product::<usize>();
         let cols = *shape.last().unwrap_or(&1);
         match &mut self.source {
-            Source::Checkpoint(w) => {
-                let mut v = w.take(name, shape)?;
-                fixup(&mut v);
-                upload_f32_as(dev, dst, &v, dtype)?;
+            Source::Checkpoint { weights, staging } => {
+                let staging = match staging {
+                    Some(s) => s,
+                    None => staging.insert(Staging::new(dev, STAGING_CHUNK_BYTES)?),
+                };
+                let raw = weights.take_raw(name, shape)?;
+                match fixup {
+                    None => upload_converted(dev, staging, dst, raw, dtype)?,
+                    Some(fixup) => {
+                        let mut fixed: Vec<f32> =
+                            (0..raw.numel()).map(|i| raw.get_f32(i)).collect();
+                        fixup(&mut fixed);
+                        let src = RawTensor {
+                            dtype: RawDtype::F32,
+                            bytes: crate::device::as_bytes(&fixed),
+                        };
+                        upload_converted(dev, staging, dst, src, dtype)?;
+                    }
+                }
             }
             Source::Random { seed, count, ew } => {
                 *count += 1;
@@ -192,18 +232,44 @@ impl<'a> WeightLoader<'a> {
     }
 }
 
-/// Uploads f32 values into `dst` as `dtype`.
-pub fn upload_f32_as<D: Device + ?Sized>(
+/// Writes `src` at `dst` as `dtype` through `staging`, converting each
+/// chunk from the stored type on the way (a copy when the types agree).
+pub fn upload_converted<D: Device + ?Sized>(
     dev: &mut D,
+    staging: &mut Staging,
     dst: DevPtr,
-    v: &[f32],
+    src: RawTensor<'_>,
     dtype: DType,
 ) -> DeviceResult<()> {
+    let out_bytes = dtype.bytes();
+    staging.upload(dev, dst, src.numel() * out_bytes, |offset, out| {
+        convert(src, offset / out_bytes, dtype, out)
+    })
+}
+
+/// Writes values `first ..` of `src` into `out` (`out.len() / dtype.bytes()`
+/// of them) as little-endian `dtype`.
+pub fn convert(src: RawTensor<'_>, first: usize, dtype: DType, out: &mut [u8]) {
+    let same = matches!(
+        (src.dtype, dtype),
+        (RawDtype::F32, DType::F32) | (RawDtype::Bf16, DType::Bf16)
+    );
+    if same {
+        let start = first * src.dtype.bytes();
+        out.copy_from_slice(&src.bytes[start..start + out.len()]);
+        return;
+    }
+    let n = out.len() / dtype.bytes();
     match dtype {
-        DType::F32 => dev.upload(dst, crate::device::as_bytes(v)),
+        DType::F32 => {
+            for (i, o) in out.chunks_exact_mut(4).enumerate().take(n) {
+                o.copy_from_slice(&src.get_f32(first + i).to_le_bytes());
+            }
+        }
         DType::Bf16 => {
-            let b: Vec<u16> = v.iter().map(|&x| bf16_bits(x)).collect();
-            dev.upload(dst, crate::device::as_bytes(&b))
+            for (i, o) in out.chunks_exact_mut(2).enumerate().take(n) {
+                o.copy_from_slice(&bf16_bits(src.get_f32(first + i)).to_le_bytes());
+            }
         }
     }
 }
@@ -241,4 +307,124 @@ pub fn linear<D: Device + ?Sized>(
 /// Allocates `n` elements of `dtype` of scratch.
 pub fn scratch<D: Device + ?Sized>(dev: &mut D, n: usize, dtype: DType) -> DeviceResult<DevPtr> {
     dev.alloc(n.max(1) * dtype.bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::emu::EmuDevice;
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+        v.iter().flat_map(|x| f(*x)).collect()
+    }
+
+    #[test]
+    fn conversion_rounds_like_the_device_and_copies_when_types_agree() {
+        // 1 + 2⁻⁸ is a tie between two bf16 values: even (1.0) wins; the
+        // next float above rounds up.
+        let tie = 1.0f32 + 2f32.powi(-8);
+        let above = f32::from_bits(tie.to_bits() + 1);
+        let vals = [tie, above, -0.0, 3.0e38, 1.0e-40, f32::INFINITY];
+        let f32_bytes = le(&vals, f32::to_le_bytes);
+        let src = RawTensor {
+            dtype: RawDtype::F32,
+            bytes: &f32_bytes,
+        };
+        let mut out = vec![0u8; 2 * vals.len()];
+        convert(src, 0, DType::Bf16, &mut out);
+        let expect = le(&vals, |x| half::bf16::from_f32(x).to_bits().to_le_bytes());
+        assert_eq!(out, expect);
+        assert_eq!(&out[..4], &[0x80, 0x3f, 0x81, 0x3f]);
+        // From the middle of a tensor, as a chunk of a staged upload is.
+        let mut out = vec![0u8; 8];
+        convert(src, 2, DType::F32, &mut out);
+        assert_eq!(out, f32_bytes[8..16]);
+        // bf16 → bf16 is the stored bytes; bf16 → f32 and f16 widen exactly.
+        let bf = le(&[0x3f81u16, 0xc0a0], u16::to_le_bytes);
+        let src = RawTensor {
+            dtype: RawDtype::Bf16,
+            bytes: &bf,
+        };
+        let mut out = vec![0u8; 2];
+        convert(src, 1, DType::Bf16, &mut out);
+        assert_eq!(out, bf[2..]);
+        let mut out = vec![0u8; 8];
+        convert(src, 0, DType::F32, &mut out);
+        assert_eq!(out, le(&[1.0078125f32, -5.0], f32::to_le_bytes));
+        let hf = le(&[half::f16::from_f32(0.333).to_bits()], u16::to_le_bytes);
+        let src = RawTensor {
+            dtype: RawDtype::F16,
+            bytes: &hf,
+        };
+        let mut out = vec![0u8; 2];
+        convert(src, 0, DType::Bf16, &mut out);
+        let wide = half::f16::from_f32(0.333).to_f32();
+        assert_eq!(out, half::bf16::from_f32(wide).to_bits().to_le_bytes());
+    }
+
+    /// A checkpoint tensor larger than two staging chunks, stored in bf16
+    /// and in f32, reaches the device whole in both precisions; a fixup
+    /// sees the stored values.
+    #[test]
+    fn checkpoint_tensors_larger_than_the_staging_buffer_arrive_whole() {
+        // Several chunks each way, and a short last chunk.
+        let n = 5 * (STAGING_CHUNK_BYTES / 5 + 2_469);
+        let vals: Vec<f32> = (0..n).map(|i| ((i % 1999) as f32 - 999.0) / 7.0).collect();
+        let bf: Vec<u16> = vals.iter().map(|&x| bf16_bits(x)).collect();
+        let bf_bytes = le(&bf, u16::to_le_bytes);
+        let f_bytes = le(&vals, f32::to_le_bytes);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let views = vec![
+            (
+                "b",
+                TensorView::new(Dtype::BF16, vec![n / 5, 5], &bf_bytes).unwrap(),
+            ),
+            (
+                "f",
+                TensorView::new(Dtype::F32, vec![n / 5, 5], &f_bytes).unwrap(),
+            ),
+            (
+                "g",
+                TensorView::new(Dtype::F32, vec![3], &f_bytes[..12]).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let mut w = Weights::open(&path).unwrap();
+        let mut dev = EmuDevice::new();
+        let shape = [n / 5, 5];
+        let mut loader = WeightLoader::checkpoint(&mut w);
+        let b = loader
+            .tensor(&mut dev, "b", &shape, DType::F32, Init::Linear)
+            .unwrap();
+        let f = loader
+            .tensor(&mut dev, "f", &shape, DType::Bf16, Init::Linear)
+            .unwrap();
+        let g = loader
+            .tensor_with(&mut dev, "g", &[3], DType::F32, Init::Ones, |v| {
+                v[1] = v[0] * 2.0
+            })
+            .unwrap();
+        assert_eq!(loader.bytes(), n * 4 + n * 2 + 12);
+        drop(loader);
+        w.finish().unwrap();
+        let mut back = vec![0u8; n * 4];
+        dev.download(b.ptr, &mut back).unwrap();
+        let widened: Vec<f32> = bf
+            .iter()
+            .map(|&h| f32::from_bits((h as u32) << 16))
+            .collect();
+        assert!(back == le(&widened, f32::to_le_bytes), "bf16 → f32");
+        let mut back = vec![0u8; n * 2];
+        dev.download(f.ptr, &mut back).unwrap();
+        assert!(back == bf_bytes, "f32 → bf16");
+        let mut back = vec![0u8; 12];
+        dev.download(g.ptr, &mut back).unwrap();
+        assert_eq!(
+            back,
+            le(&[vals[0], vals[0] * 2.0, vals[2]], f32::to_le_bytes)
+        );
+    }
 }

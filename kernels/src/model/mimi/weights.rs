@@ -11,6 +11,7 @@
 //! (super::GpuMimi) goes through one [`Mem`], so its byte counts are the
 //! model's whole device footprint.
 
+use super::super::staging::{Staging, STAGING_CHUNK_BYTES};
 use super::super::GpuError;
 use crate::device::{DevPtr, Device, DeviceResult};
 use moshid_model::weights::Weights;
@@ -79,8 +80,9 @@ impl Source for RandomSource {
     }
 }
 
-/// Device allocations of one model, counted by kind.
-#[derive(Debug, Default, Clone, Copy)]
+/// Device allocations of one model, counted by kind, and the pinned staging
+/// its uploads go through (made at the first upload).
+#[derive(Debug, Default)]
 pub(crate) struct Mem {
     /// Weight bytes.
     pub(crate) weights: usize,
@@ -88,6 +90,7 @@ pub(crate) struct Mem {
     pub(crate) state: usize,
     /// Scratch bytes.
     pub(crate) scratch: usize,
+    staging: Option<Staging>,
 }
 
 /// Which count an allocation goes to.
@@ -134,10 +137,7 @@ impl Mem {
         data: &[f32],
     ) -> DeviceResult<DevPtr> {
         let p = self.floats(dev, kind, data.len())?;
-        if !data.is_empty() {
-            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.upload(p, &bytes)?;
-        }
+        self.stage(dev, p, data.len(), |i| data[i].to_le_bytes())?;
         Ok(p)
     }
 
@@ -149,11 +149,30 @@ impl Mem {
         data: &[i32],
     ) -> DeviceResult<DevPtr> {
         let p = self.alloc(dev, kind, data.len() * 4)?;
-        if !data.is_empty() {
-            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.upload(p, &bytes)?;
-        }
+        self.stage(dev, p, data.len(), |i| data[i].to_le_bytes())?;
         Ok(p)
+    }
+
+    /// Writes `n` 4-byte values, value `i` being `bytes_of(i)`, at `dst`.
+    fn stage<D: Device + ?Sized>(
+        &mut self,
+        dev: &mut D,
+        dst: DevPtr,
+        n: usize,
+        bytes_of: impl Fn(usize) -> [u8; 4],
+    ) -> DeviceResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let staging = match &mut self.staging {
+            Some(s) => s,
+            None => self.staging.insert(Staging::new(dev, STAGING_CHUNK_BYTES)?),
+        };
+        staging.upload(dev, dst, n * 4, |offset, out| {
+            for (i, o) in out.chunks_exact_mut(4).enumerate() {
+                o.copy_from_slice(&bytes_of(offset / 4 + i));
+            }
+        })
     }
 }
 
