@@ -19,7 +19,7 @@
 // complete before its attention launch: they are separate kernels.
 //
 // Masked rows (RowInfo::active == 0) write nothing into the caches; their
-// attention output is zeros.
+// attention output is zeros, as is that of a query whose window is empty.
 #define ROPE_THREADS 128
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
@@ -156,7 +156,9 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
         f[i] = s_l[i] > 0.f ? expf(s_m[i] - mm) : 0.f;
         ll += s_l[i] * f[i];
     }
-    const float inv = 1.f / ll;
+    // No key in the window (only when one call writes more positions than
+    // the ring holds, which the host refuses): zeros, not 0/0.
+    const float inv = ll > 0.f ? 1.f / ll : 0.f;
     for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) {
         float t = 0.f;
 #pragma unroll

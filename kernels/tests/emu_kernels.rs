@@ -647,6 +647,47 @@ fn attention_with_an_fp8_cache() {
 }
 
 #[test]
+fn a_query_with_an_empty_window_gets_zeros_not_nan() {
+    // `last` a whole ring ahead of `pos`: no key of the window survives (a
+    // call writing more positions than the ring holds, which hosts refuse).
+    let (dim, heads, cap) = (64, 2, 3);
+    let mut dev = EmuDevice::new();
+    let qkv = up(&mut dev, &det(3 * dim, 1.0));
+    let kc = up(&mut dev, &det(cap * dim, 2.0));
+    let vc = up(&mut dev, &det(cap * dim, 3.0));
+    let row = RowInfo {
+        kv: 0,
+        pos: 1,
+        last: 1 + cap as i32,
+        step: 0,
+        active: 1,
+    };
+    let rows = up(&mut dev, &[row]);
+    let out = up(&mut dev, &vec![f32::NAN; dim]);
+    let hd = dim / heads;
+    let args = [
+        Arg::Ptr(qkv),
+        Arg::Ptr(kc),
+        Arg::Ptr(vc),
+        Arg::Ptr(rows),
+        Arg::I32(dim as i32),
+        Arg::I32(hd as i32),
+        Arg::I32(cap as i32),
+        Arg::I32(cap as i32),
+        Arg::F32(1.0 / (hd as f32).sqrt()),
+        Arg::Ptr(out),
+    ];
+    dev.launch(
+        k(&dev, "attn_decode_f32"),
+        (heads as u32, 1, 1),
+        ATT_THREADS,
+        &args,
+    )
+    .unwrap();
+    assert_eq!(down::<f32>(&mut dev, out, dim), vec![0.0; dim]);
+}
+
+#[test]
 fn bf16_and_fp8_conversions_are_cuda_s() {
     let specials = [
         0.0f32,

@@ -251,6 +251,19 @@ impl GpuMimi {
         }
         let k = Kernels::resolve(dev)?;
         let mut m = Skeleton::new(cfg, n_q)?;
+        // A call writes a frame's steps into each ring before attending:
+        // more than the ring holds would overwrite keys within the call.
+        let (steps, context) = (
+            cfg.downsample_stride(),
+            m.encoder_transformer
+                .context()
+                .min(m.decoder_transformer.context()),
+        );
+        if steps > context {
+            return Err(GpuError::Unsupported(format!(
+                "a transformer context of {context} positions is shorter than the {steps} steps of one frame"
+            )));
+        }
         let mut mem = Mem::default();
         m.encoder.load(dev, &mut mem, src, max_slots)?;
         m.decoder.load(dev, &mut mem, src, max_slots)?;
@@ -524,6 +537,11 @@ mod tests {
             sorted(GpuMimi::tensor_specs(&cfg).unwrap()),
             sorted(Mimi::tensor_specs(&cfg))
         );
+        let mut cfg = MimiConfig::mimi_default();
+        cfg.transformer.context = 1;
+        let mut dev = crate::device::emu::EmuDevice::new();
+        let e = GpuMimi::random(&mut dev, &cfg, 8, 1, 1, 0).unwrap_err();
+        assert!(e.to_string().contains("context of 1 positions"), "{e}");
         let mut cfg = MimiConfig::mimi_default();
         cfg.seanet.true_skip = false;
         cfg.transformer.layer_scale = None;

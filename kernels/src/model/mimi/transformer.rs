@@ -242,6 +242,11 @@ impl GpuTransformer {
     }
 
     /// State bytes per slot.
+    /// Positions each layer's ring holds (the attention context).
+    pub(crate) fn context(&self) -> usize {
+        self.context
+    }
+
     pub(crate) fn state_bytes(&self) -> usize {
         self.n_layers * 2 * self.context * self.d * 4 + 4
     }
