@@ -71,6 +71,9 @@ enum Source<'a> {
     },
 }
 
+/// A loader rule rewriting a checkpoint tensor's values before upload.
+type Fixup<'f> = dyn FnMut(&mut [f32]) + 'f;
+
 /// Hands out device weights by name, from one source.
 pub struct WeightLoader<'a> {
     source: Source<'a>,
@@ -146,7 +149,7 @@ impl<'a> WeightLoader<'a> {
         shape: &[usize],
         dtype: DType,
         init: Init,
-        fixup: Option<&mut dyn FnMut(&mut [f32])>,
+        fixup: Option<&mut Fixup<'_>>,
     ) -> Result<DevTensor, GpuError> {
         let cols = *shape.last().unwrap_or(&1);
         let rows = shape.iter().rev().skip(1).product::<usize>();
@@ -185,7 +188,7 @@ impl<'a> WeightLoader<'a> {
         dst: DevPtr,
         dtype: DType,
         init: Init,
-        fixup: Option<&mut dyn FnMut(&mut [f32])>,
+        fixup: Option<&mut Fixup<'_>>,
     ) -> Result<(), GpuError> {
         let n = shape.iter().product::<usize>();
         let cols = *shape.last().unwrap_or(&1);
