@@ -24,7 +24,6 @@
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_MAX_HEAD_DIM 256
-#define ATT_PER_LANE (ATT_MAX_HEAD_DIM / 32)
 
 // Geometry: grid = (rows), block = ROPE_THREADS; a thread per (q, k) pair of
 // elements and per value element, striding over the row. `freqs` has
@@ -82,12 +81,37 @@ rope_kv_write_f32(float* __restrict__ qkv, const float* __restrict__ freqs, cons
     rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f);
 }
 
-// Geometry: grid = (heads, rows), block = ATT_THREADS (4 warps). Warp w takes
-// the keys start + w, start + w + 4, … with an online softmax (running max,
-// sum and head_dim/32 accumulators per lane, head_dim ≤ 256), then the four
-// partial results are merged through shared memory:
+// Two adjacent values of a cache row as f32. `p` is at an even element of a
+// row (head_dim and dim are even), so the bf16 and fp8 pairs are one aligned
+// 4- or 2-byte load; f32 (Mimi's short cache only) stays two loads.
+__device__ __forceinline__ void load_pair(const float* p, float& a, float& b) {
+    a = p[0];
+    b = p[1];
+}
+__device__ __forceinline__ void load_pair(const bf16* p, float& a, float& b) {
+    const u32 v = *reinterpret_cast<const u32*>(p);
+    a = __uint_as_float(v << 16);
+    b = __uint_as_float(v & 0xffff0000u);
+}
+__device__ __forceinline__ void load_pair(const __nv_fp8_e4m3* p, float& a, float& b) {
+    const unsigned short v = *reinterpret_cast<const unsigned short*>(p);
+    __nv_fp8_e4m3 lo, hi;
+    lo.__x = (unsigned char)(v & 0xffu);
+    hi.__x = (unsigned char)(v >> 8);
+    a = float(lo);
+    b = float(hi);
+}
+
+// Geometry: grid = (heads, rows), block = ATT_THREADS (4 warps). Lane l holds
+// the elements 2l, 2l + 1 (+ 64 j) of the head (head_dim ≤ 256); warp w takes
+// two keys per iteration, start + w + 8 i and start + w + 8 i + 4, so that
+// every load of a key row is a full 128 bytes of bf16 across the warp and two
+// rows are in flight at once; online softmax (running max and sum) over the
+// pair. The four warps' partial results are merged through shared memory:
 // ATT_WARPS · (ATT_MAX_HEAD_DIM + 2) floats = 4 KiB, whatever the context.
-// Scores are q·k · scale with scale = 1/sqrt(head_dim) from the host.
+// Scores are q·k · scale with scale = 1/sqrt(head_dim) from the host; the
+// fp8 cache's kv_scale is applied once to each score and to the output.
+#define ATT_PAIRS (ATT_MAX_HEAD_DIM / 64)
 template <typename KV, typename OUT>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
                                             const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
@@ -107,39 +131,64 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
     int start = ri.pos + 1 - context;
     start = max(start, ri.last + 1 - capacity);
     start = max(start, 0);
-    float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
+    const float qk_scale = scale * kv_scale;
+    float qv[2 * ATT_PAIRS], acc[2 * ATT_PAIRS];
 #pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; ++j) {
-        const int e = lane + 32 * j;
-        qv[j] = e < head_dim ? q[e] : 0.f;
-        acc[j] = 0.f;
+    for (int j = 0; j < ATT_PAIRS; ++j) {
+        const int e = 2 * lane + 64 * j;
+        qv[2 * j] = e < head_dim ? q[e] : 0.f;
+        qv[2 * j + 1] = e < head_dim ? q[e + 1] : 0.f;
+        acc[2 * j] = 0.f;
+        acc[2 * j + 1] = 0.f;
     }
+    const size_t row0 = (size_t)ri.kv * capacity, head0 = (size_t)h * head_dim;
     float m = NEG_INF, l = 0.f;
-    for (int p = start + w; p <= ri.pos; p += ATT_WARPS) {
-        const size_t base = ((size_t)ri.kv * capacity + (size_t)(p % capacity)) * dim + (size_t)h * head_dim;
-        float d = 0.f;
+    for (int p0 = start + w; p0 <= ri.pos; p0 += 2 * ATT_WARPS) {
+        // The second key of the pair, or the first again with weight 0.
+        const bool two = p0 + ATT_WARPS <= ri.pos;
+        const int p1 = two ? p0 + ATT_WARPS : p0;
+        const size_t b0 = (row0 + (size_t)(p0 % capacity)) * dim + head0;
+        const size_t b1 = (row0 + (size_t)(p1 % capacity)) * dim + head0;
+        float d0 = 0.f, d1 = 0.f;
 #pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; ++j) {
-            const int e = lane + 32 * j;
-            if (e < head_dim) d += qv[j] * (to_f32(k_cache[base + e]) * kv_scale);
+        for (int j = 0; j < ATT_PAIRS; ++j) {
+            const int e = 2 * lane + 64 * j;
+            if (e < head_dim) {
+                float x0, y0, x1, y1;
+                load_pair(k_cache + b0 + e, x0, y0);
+                load_pair(k_cache + b1 + e, x1, y1);
+                d0 = fmaf(qv[2 * j], x0, d0);
+                d0 = fmaf(qv[2 * j + 1], y0, d0);
+                d1 = fmaf(qv[2 * j], x1, d1);
+                d1 = fmaf(qv[2 * j + 1], y1, d1);
+            }
         }
-        const float s = warp_sum(d) * scale;
-        const float m_new = fmaxf(m, s);
+        const float s0 = warp_sum(d0) * qk_scale;
+        const float s1 = two ? warp_sum(d1) * qk_scale : NEG_INF;
+        const float m_new = fmaxf(m, fmaxf(s0, s1));
         const float c = expf(m - m_new);
-        const float p_ = expf(s - m_new);
-        l = l * c + p_;
+        const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);
+        l = l * c + e0 + e1;
 #pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; ++j) {
-            const int e = lane + 32 * j;
-            const float vv = e < head_dim ? to_f32(v_cache[base + e]) * kv_scale : 0.f;
-            acc[j] = acc[j] * c + p_ * vv;
+        for (int j = 0; j < ATT_PAIRS; ++j) {
+            const int e = 2 * lane + 64 * j;
+            if (e < head_dim) {
+                float x0, y0, x1, y1;
+                load_pair(v_cache + b0 + e, x0, y0);
+                load_pair(v_cache + b1 + e, x1, y1);
+                acc[2 * j] = fmaf(e1, x1, fmaf(e0, x0, acc[2 * j] * c));
+                acc[2 * j + 1] = fmaf(e1, y1, fmaf(e0, y0, acc[2 * j + 1] * c));
+            }
         }
         m = m_new;
     }
 #pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; ++j) {
-        const int e = lane + 32 * j;
-        if (e < head_dim) s_acc[w][e] = acc[j];
+    for (int j = 0; j < ATT_PAIRS; ++j) {
+        const int e = 2 * lane + 64 * j;
+        if (e < head_dim) {
+            s_acc[w][e] = acc[2 * j];
+            s_acc[w][e + 1] = acc[2 * j + 1];
+        }
     }
     if (lane == 0) {
         s_m[w] = m;
@@ -158,7 +207,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
     }
     // No key in the window (only when one call writes more positions than
     // the ring holds, which the host refuses): zeros, not 0/0.
-    const float inv = ll > 0.f ? 1.f / ll : 0.f;
+    const float inv = ll > 0.f ? kv_scale / ll : 0.f;
     for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) {
         float t = 0.f;
 #pragma unroll
