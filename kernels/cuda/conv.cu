@@ -22,37 +22,61 @@
 // is copied into the slot state by convtr1d_state_update, because other
 // blocks of the same launch still read the old tail.
 //
-// Geometry (all kernels): block = CONV_THREADS (128) threads over output
-// channels; grid = (ceil(c_out / 128), output steps, n_steps) for the
-// products, (n_steps) for the state kernels. No shared memory. This is a
-// direct convolution, one output per thread, weights streamed from L2: simple
-// and exact in structure, not tuned (an implicit-GEMM version is future work).
+// Geometry: block = CONV_THREADS (128) threads. The dense products give
+// each thread CONV_TT outputs of one channel that use the same weights
+// (conv1d: consecutive output steps; convtr1d: steps `stride` apart, i.e. the
+// same kernel tap), so each weight read from L2 serves CONV_TT outputs, and
+// flatten (channel, group of outputs) over the threads so that narrow layers
+// (Mimi's 32-channel residual convs, the 1-channel output) fill every warp:
+// grid = (ceil(c_out · groups / 128), n_steps), channels fastest (a warp reads
+// consecutive weights and broadcasts its inputs). Each output accumulates in
+// the same order as one output per thread would (and as the CPU reference).
+// Depthwise convtr: grid = (ceil(c / 128), output steps, n_steps), a thread
+// per channel. State kernels: grid = (n_steps). No shared memory; a direct
+// convolution, not an implicit GEMM (future work, after GPU measurements).
 #define CONV_THREADS 128
+#define CONV_TT 4
 
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_stream(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
               const float* __restrict__ bias, const SlotStep* __restrict__ steps, int c_in, int c_out, int kernel,
               int stride, int dilation, int t_in, int history, float* __restrict__ y) {
-    const int o = blockIdx.x * CONV_THREADS + threadIdx.x;
-    const int t = blockIdx.y, j = blockIdx.z;
     const int t_out = t_in / stride;
-    if (o >= c_out) return;
-    float* yo = y + ((size_t)j * t_out + t) * c_out + o;
+    const int groups = (t_out + CONV_TT - 1) / CONV_TT;
+    const int g = blockIdx.x * CONV_THREADS + threadIdx.x, j = blockIdx.y;
+    if (g >= c_out * groups) return;
+    const int o = g % c_out, t0 = (g / c_out) * CONV_TT;
+    const int n = min(CONV_TT, t_out - t0);
+    float* yo = y + ((size_t)j * t_out + t0) * c_out + o;
     const SlotStep st = steps[j];
     if (!st.active) {
-        *yo = 0.f;
+        for (int u = 0; u < n; ++u) yo[(size_t)u * c_out] = 0.f;
         return;
     }
     const float* xj = x + (size_t)j * t_in * c_in;
     const float* pj = prev + (size_t)st.slot * history * c_in;
-    float acc = 0.f;
+    float acc[CONV_TT];
+#pragma unroll
+    for (int u = 0; u < CONV_TT; ++u) acc[u] = 0.f;
     for (int k = 0; k < kernel; ++k) {
-        const int v = t * stride + k * dilation;
-        const float* src = v < history ? pj + (size_t)v * c_in : xj + (size_t)(v - history) * c_in;
+        const float* src[CONV_TT];
+#pragma unroll
+        for (int u = 0; u < CONV_TT; ++u) {
+            // Outputs past the end (u >= n) read step t0's inputs, dropped.
+            const int v = (t0 + (u < n ? u : 0)) * stride + k * dilation;
+            src[u] = v < history ? pj + (size_t)v * c_in : xj + (size_t)(v - history) * c_in;
+        }
         const float* wk = w + (size_t)k * c_in * c_out + o;
-        for (int i = 0; i < c_in; ++i) acc += src[i] * wk[(size_t)i * c_out];
+        for (int i = 0; i < c_in; ++i) {
+            const float wv = wk[(size_t)i * c_out];
+#pragma unroll
+            for (int u = 0; u < CONV_TT; ++u) acc[u] += src[u][i] * wv;
+        }
     }
-    *yo = bias != nullptr ? acc + bias[o] : acc;
+    const float b = bias != nullptr ? bias[o] : 0.f;
+#pragma unroll
+    for (int u = 0; u < CONV_TT; ++u)
+        if (u < n) yo[(size_t)u * c_out] = bias != nullptr ? acc[u] + b : acc[u];
 }
 
 // Before conv1d_stream of a replicate-padded conv: a slot whose first[slot]
@@ -95,37 +119,68 @@ conv1d_state_update(const float* __restrict__ x, float* __restrict__ prev, int* 
 
 // Dense transposed conv. Output step r of the call's full output
 // (0 ≤ r < t_in·stride + overlap): r < t_out goes to y (+ the old tail for
-// r < overlap, + bias), r ≥ t_out to tail[j][r − t_out].
+// r < overlap, + bias), r ≥ t_out to tail[j][r − t_out]. A thread takes the
+// outputs r = phase + stride·(q0 + u), u < CONV_TT: they meet input t = q − m
+// at tap phase + stride·m, so each tap's weights serve all of them. Taps go
+// from the highest down, so each output sums its inputs in ascending t.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
 convtr1d_stream(const float* __restrict__ x, const float* __restrict__ partial, const float* __restrict__ w,
                 const float* __restrict__ bias, const SlotStep* __restrict__ steps, int c_in, int c_out, int kernel,
                 int stride, int t_in, float* __restrict__ y, float* __restrict__ tail) {
-    const int o = blockIdx.x * CONV_THREADS + threadIdx.x;
-    const int r = blockIdx.y, j = blockIdx.z;
-    const int t_out = t_in * stride, overlap = kernel - stride;
-    if (o >= c_out) return;
+    const int t_out = t_in * stride, overlap = kernel - stride, total = t_out + overlap;
+    const int q_count = (total + stride - 1) / stride;
+    const int groups = (q_count + CONV_TT - 1) / CONV_TT;
+    const int g = blockIdx.x * CONV_THREADS + threadIdx.x, j = blockIdx.y;
+    if (g >= c_out * stride * groups) return;
+    const int o = g % c_out, rest = g / c_out;
+    const int phase = rest % stride, q0 = (rest / stride) * CONV_TT;
     const SlotStep st = steps[j];
     if (!st.active) {
-        if (r < t_out) y[((size_t)j * t_out + r) * c_out + o] = 0.f;
+        for (int u = 0; u < CONV_TT; ++u) {
+            const int r = phase + stride * (q0 + u);
+            if (r < t_out) y[((size_t)j * t_out + r) * c_out + o] = 0.f;
+        }
         return;
     }
-    float acc = 0.f;
-    if (r < overlap) acc = partial[((size_t)st.slot * overlap + r) * c_out + o];
+    float acc[CONV_TT];
+#pragma unroll
+    for (int u = 0; u < CONV_TT; ++u) {
+        const int r = phase + stride * (q0 + u);
+        acc[u] = r < overlap ? partial[((size_t)st.slot * overlap + r) * c_out + o] : 0.f;
+    }
     const float* xj = x + (size_t)j * t_in * c_in;
-    for (int t = 0; t < t_in; ++t) {
-        const int kk = r - t * stride;
-        if (kk < 0 || kk >= kernel) continue;
-        const float* xt = xj + (size_t)t * c_in;
-        const float* wk = w + (size_t)kk * c_in * c_out + o;
-        float z = 0.f;
-        for (int i = 0; i < c_in; ++i) z += xt[i] * wk[(size_t)i * c_out];
-        acc += z;
+    for (int m = (kernel - 1 - phase) / stride; m >= 0; --m) {
+        const float* xt[CONV_TT];
+        bool ok[CONV_TT];
+#pragma unroll
+        for (int u = 0; u < CONV_TT; ++u) {
+            const int t = q0 + u - m;
+            ok[u] = t >= 0 && t < t_in;
+            // Outside the input: read step 0, dropped.
+            xt[u] = xj + (size_t)(ok[u] ? t : 0) * c_in;
+        }
+        const float* wk = w + (size_t)(phase + stride * m) * c_in * c_out + o;
+        float z[CONV_TT];
+#pragma unroll
+        for (int u = 0; u < CONV_TT; ++u) z[u] = 0.f;
+        for (int i = 0; i < c_in; ++i) {
+            const float wv = wk[(size_t)i * c_out];
+#pragma unroll
+            for (int u = 0; u < CONV_TT; ++u) z[u] += xt[u][i] * wv;
+        }
+#pragma unroll
+        for (int u = 0; u < CONV_TT; ++u)
+            if (ok[u]) acc[u] += z[u];
     }
     const float b = bias != nullptr ? bias[o] : 0.f;
-    if (r < t_out)
-        y[((size_t)j * t_out + r) * c_out + o] = acc + b;
-    else
-        tail[((size_t)j * overlap + (r - t_out)) * c_out + o] = (acc + b) - b;
+#pragma unroll
+    for (int u = 0; u < CONV_TT; ++u) {
+        const int r = phase + stride * (q0 + u);
+        if (r < t_out)
+            y[((size_t)j * t_out + r) * c_out + o] = acc[u] + b;
+        else if (r < total)
+            tail[((size_t)j * overlap + (r - t_out)) * c_out + o] = (acc[u] + b) - b;
+    }
 }
 
 // Depthwise (groups = channels) transposed conv: the learnt up-sampler.

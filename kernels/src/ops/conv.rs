@@ -15,6 +15,8 @@ use crate::device::{Arg, DevPtr, Device, DeviceResult, KernelId, NULL};
 
 /// `CONV_THREADS` of conv.cu.
 pub const CONV_THREADS: u32 = 128;
+/// `CONV_TT` of conv.cu: outputs per thread of the dense products.
+pub const CONV_TT: usize = 4;
 
 /// Shape of a causal streaming convolution (groups = 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,10 +154,12 @@ impl ConvKernels {
         if x == NULL || w == NULL || steps == NULL || y == NULL || (hist > 0 && prev == NULL) {
             return Err(bad(WHAT, "null operand"));
         }
+        // Threads over (channel, group of CONV_TT output steps).
+        let threads = s.c_out * s.t_out(t_in).div_ceil(CONV_TT);
         let grid = (
-            dim(WHAT, s.c_out.div_ceil(CONV_THREADS as usize))?,
-            dim(WHAT, s.t_out(t_in))?,
+            dim(WHAT, threads.div_ceil(CONV_THREADS as usize))?,
             dim(WHAT, n_steps)?,
+            1,
         );
         dev.launch(
             self.conv,
@@ -281,11 +285,25 @@ impl ConvKernels {
         if ov > 0 && (partial == NULL || tail == NULL) {
             return Err(bad(WHAT, "null state or tail with a non-empty overlap"));
         }
-        let grid = (
-            dim(WHAT, s.c_out.div_ceil(CONV_THREADS as usize))?,
-            dim(WHAT, s.t_out(t_in) + ov)?,
-            dim(WHAT, n_steps)?,
-        );
+        let outputs = s.t_out(t_in) + ov;
+        let grid = if s.depthwise {
+            // A thread per channel and output step.
+            (
+                dim(WHAT, s.c_out.div_ceil(CONV_THREADS as usize))?,
+                dim(WHAT, outputs)?,
+                dim(WHAT, n_steps)?,
+            )
+        } else {
+            // Threads over (channel, phase, group of CONV_TT outputs of that
+            // phase).
+            let groups = outputs.div_ceil(s.stride).div_ceil(CONV_TT);
+            let threads = s.c_out * s.stride * groups;
+            (
+                dim(WHAT, threads.div_ceil(CONV_THREADS as usize))?,
+                dim(WHAT, n_steps)?,
+                1,
+            )
+        };
         let (kernel, stride, t) = (
             Arg::I32(int(WHAT, s.kernel)?),
             Arg::I32(int(WHAT, s.stride)?),

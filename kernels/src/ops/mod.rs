@@ -115,6 +115,7 @@ mod tests {
             define(conv, "CONV_THREADS"),
             super::conv::CONV_THREADS as u64
         );
+        assert_eq!(define(conv, "CONV_TT"), super::conv::CONV_TT as u64);
         assert_eq!(define(rvq, "RVQ_THREADS"), super::rvq::RVQ_THREADS as u64);
         assert_eq!(
             define(rvq, "RVQ_DEC_THREADS"),

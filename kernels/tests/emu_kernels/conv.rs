@@ -2,6 +2,7 @@
 //! against naive streaming implementations.
 
 use super::*;
+use moshid_kernels::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 
 /// Device-layout conv weights `[kernel][c_in][c_out]`.
 pub(crate) fn conv_w(kernel: usize, c_in: usize, c_out: usize, seed: f32) -> Vec<f32> {
@@ -13,10 +14,20 @@ pub(crate) fn conv_w(kernel: usize, c_in: usize, c_out: usize, seed: f32) -> Vec
 
 #[test]
 fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
-    // Two slots over five calls; slot 1 skips call 2 (masked step, state
-    // untouched); slot 0 uses replicate padding (first input step fills the
-    // history). c_out = 200 spans two blocks of 128 threads.
-    let (c_in, c_out, kernel, stride, dilation, t_in) = (5, 200, 4, 2, 2, 4);
+    // c_out = 200 spans two blocks of 128 threads with one group of output
+    // steps (2 of CONV_TT); c_out = 37 with 11 output steps: three groups,
+    // the last one short, and warps that straddle two groups.
+    for shape in [(5, 200, 4, 2, 2, 4), (3, 37, 3, 2, 1, 22)] {
+        conv1d_case(shape);
+    }
+}
+
+/// Two slots over five calls; slot 1 skips call 2 (masked step, state
+/// untouched); slot 0 uses replicate padding (first input step fills the
+/// history).
+fn conv1d_case(
+    (c_in, c_out, kernel, stride, dilation, t_in): (usize, usize, usize, usize, usize, usize),
+) {
     let history = (kernel - 1) * dilation + 1 - stride;
     let t_out = t_in / stride;
     let mut dev = EmuDevice::new();
@@ -58,27 +69,17 @@ fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
             ],
         )
         .unwrap();
-        dev.launch(
-            k(&dev, "conv1d_stream"),
-            (c_out.div_ceil(128) as u32, t_out as u32, 2),
-            CONV_THREADS,
-            &[
-                Arg::Ptr(dx),
-                Arg::Ptr(prev),
-                Arg::Ptr(dw),
-                Arg::Ptr(db),
-                Arg::Ptr(ds),
-                Arg::I32(c_in as i32),
-                Arg::I32(c_out as i32),
-                Arg::I32(kernel as i32),
-                Arg::I32(stride as i32),
-                Arg::I32(dilation as i32),
-                Arg::I32(t_in as i32),
-                Arg::I32(history as i32),
-                Arg::Ptr(y),
-            ],
-        )
-        .unwrap();
+        let shape = ConvShape {
+            c_in,
+            c_out,
+            kernel,
+            stride,
+            dilation,
+        };
+        ConvKernels::resolve(&dev)
+            .unwrap()
+            .conv1d_stream(&mut dev, &shape, t_in, 2, dx, prev, dw, db, ds, y)
+            .unwrap();
         dev.launch(
             k(&dev, "conv1d_state_update"),
             grid3,
@@ -159,8 +160,14 @@ fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
 
 #[test]
 fn convtr1d_dense_and_depthwise_match_a_naive_transposed_conv() {
-    for depthwise in [false, true] {
-        let (c, kernel, stride, t_in) = (130, 6, 2, 3);
+    // (channels, kernel, stride, t_in): 10 outputs per call in 2 phases of
+    // 5 (groups of CONV_TT: one full, one short); Mimi's kernel = 2·stride
+    // at stride 4 over 33 channels.
+    for (depthwise, (c, kernel, stride, t_in)) in [
+        (false, (130, 6, 2, 3)),
+        (true, (130, 6, 2, 3)),
+        (false, (33, 8, 4, 5)),
+    ] {
         let (c_in, c_out) = if depthwise { (c, c) } else { (7, c) };
         let overlap = kernel - stride;
         let t_out = t_in * stride;
@@ -187,37 +194,17 @@ fn convtr1d_dense_and_depthwise_match_a_naive_transposed_conv() {
             let dx = up(&mut dev, &x);
             let y = zeros::<f32>(&mut dev, t_out * c_out);
             let tail = zeros::<f32>(&mut dev, overlap * c_out);
-            let mut args = vec![
-                Arg::Ptr(dx),
-                Arg::Ptr(partial),
-                Arg::Ptr(dw),
-                Arg::Ptr(db),
-                Arg::Ptr(ds),
-            ];
-            if depthwise {
-                args.push(Arg::I32(c as i32));
-            } else {
-                args.extend([Arg::I32(c_in as i32), Arg::I32(c_out as i32)]);
-            }
-            args.extend([
-                Arg::I32(kernel as i32),
-                Arg::I32(stride as i32),
-                Arg::I32(t_in as i32),
-                Arg::Ptr(y),
-                Arg::Ptr(tail),
-            ]);
-            let name = if depthwise {
-                "convtr1d_dw_stream"
-            } else {
-                "convtr1d_stream"
+            let shape = ConvTrShape {
+                c_in,
+                c_out,
+                kernel,
+                stride,
+                depthwise,
             };
-            dev.launch(
-                k(&dev, name),
-                (c_out.div_ceil(128) as u32, (t_out + overlap) as u32, 1),
-                CONV_THREADS,
-                &args,
-            )
-            .unwrap();
+            ConvKernels::resolve(&dev)
+                .unwrap()
+                .convtr1d_stream(&mut dev, &shape, t_in, 1, dx, partial, dw, db, ds, y, tail)
+                .unwrap();
             dev.launch(
                 k(&dev, "convtr1d_state_update"),
                 (1, 1, 1),

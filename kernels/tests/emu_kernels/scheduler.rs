@@ -226,9 +226,12 @@ fn emulator_speed() {
     // Not a pass/fail check: prints the figures of the emulator's cost
     // (run with --nocapture to see them).
     let mut dev = EmuDevice::new();
-    // A conv launch of 128 threads × 5,000 blocks (t_out 50 × 100 steps),
-    // small channels so that the scheduler's cost dominates.
-    let (c_in, c_out, kernel, t_in, n_steps) = (4, 128, 3, 50, 100);
+    // A conv launch of 128 threads × 5,000 blocks (128 channels × 50 groups
+    // of CONV_TT = 4 output steps, × 100 steps), small input channels so
+    // that the scheduler's cost dominates.
+    let (c_in, c_out, kernel, t_in, n_steps) = (4, 128, 3, 200, 100);
+    let blocks = (c_out * t_in / 4 / CONV_THREADS as usize) as u32;
+    assert_eq!(blocks * n_steps as u32, 5000);
     let history = kernel - 1;
     let x = up(&mut dev, &det(n_steps * t_in * c_in, 1.0));
     let prev = zeros::<f32>(&mut dev, n_steps * history * c_in);
@@ -252,7 +255,7 @@ fn emulator_speed() {
     ];
     let f = k(&dev, "conv1d_stream");
     let t0 = std::time::Instant::now();
-    dev.launch(f, (1, t_in as u32, n_steps as u32), CONV_THREADS, &args)
+    dev.launch(f, (blocks, n_steps as u32, 1), CONV_THREADS, &args)
         .unwrap();
     let conv = t0.elapsed();
     let s0 = dev.fiber_switches();
