@@ -1,0 +1,313 @@
+//! `gpu-bench`: step time per batch size of the GPU model on a real GPU, for
+//! randomly initialised models of the published shapes (Moshi 7B, Hibiki 2B)
+//! or of the shape of a checkpoint folder's configurations.
+//!
+//! For each graphs mode asked, one model is built on a freshly opened
+//! [`CudaDevice`] with `max_slots` = the largest asked batch size that the
+//! memory plan fits (`plan::MemoryPlan`, checked against the device's free
+//! memory before anything is allocated; sizes that do not fit are skipped with
+//! a line saying why). Then for each batch size `b`, ascending: slots `0..b`
+//! are reset, every step feeds each of them a deterministic tone (a
+//! continuous sine per slot, filled outside the timed region), `--warmup`
+//! steps run untimed, and `--steps` steps are timed wall-clock, each
+//! including the step's own synchronisation (the model's `step` returns when
+//! its outputs are on the host). Reported per size: p50, p99 and max ms; and
+//! the largest size whose p99 is under the 80 ms frame. Results are printed
+//! and written to `--out` as JSON and a markdown table with the GPU's name and
+//! the date.
+//!
+//! Full context by default: after its reset each slot is moved forward by the
+//! model's context (`GpuModel::fast_forward_for_timing`), so every timed step
+//! attends over the whole window, as in a conversation older than the
+//! context (3,000 steps = 4 minutes for Moshi). `--full-context off` times
+//! fresh streams instead (attention over at most `warmup + steps`
+//! positions). The report is rewritten after every batch size, so a run cut
+//! short keeps what it measured.
+//!
+//! `--device emu` runs the same loop on the kernels' host emulator: for
+//! checking the bench itself on a small shape (its timings say nothing of a
+//! GPU); the kernels crate's tests do that on a golden fixture's shape.
+//!
+//! ```text
+//! gpu-bench [--model moshi7b|hibiki2b|DIR] [--batch 1,8,32,64,128] [--steps 200]
+//!           [--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8]
+//!           [--context N] [--precision bf16|f32] [--cfg COEF] [--device N|emu]
+//!           [--reserve-gib G] [--ptx-cache DIR] [--full-context on|off]
+//! ```
+
+mod args;
+mod measure;
+mod report;
+
+use args::{Args, DeviceChoice};
+use measure::{is_oom, measure, Row, Skip};
+use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
+use moshid_kernels::device::emu::EmuDevice;
+use moshid_kernels::device::{Device, DeviceError};
+use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
+use moshid_kernels::plan::{BucketPolicy, MemoryPlan, PlanOptions};
+use moshid_kernels::shapes;
+use moshid_model::checkpoint::CheckpointDir;
+use moshid_model::config::{LmConfig, MimiConfig};
+use report::report;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// The frame period: a step slower than this falls behind real time.
+const FRAME_MS: f64 = 80.0;
+
+fn open_cuda(a: &Args, device: usize) -> Result<CudaDevice, String> {
+    let opts = CudaOpenOptions {
+        cache_dir: Some(a.ptx_cache.clone()),
+        ..CudaOpenOptions::default()
+    };
+    CudaDevice::open(device, &opts).map_err(|e| match e {
+        DeviceError::NoDriver => {
+            "no CUDA driver on this machine: gpu-bench needs a GPU".to_string()
+        }
+        e => format!("opening device {device}: {e}"),
+    })
+}
+
+/// The name, LM and Mimi shapes of `--model`: a built-in shape (with the
+/// published Mimi) or a checkpoint folder's configurations.
+fn shapes_of(model: &str) -> Result<(String, LmConfig, MimiConfig), String> {
+    if let Some(lm) = shapes::lm_config(model) {
+        return Ok((model.to_string(), lm, MimiConfig::mimi_default()));
+    }
+    let dir = CheckpointDir::open(Path::new(model)).map_err(|e| format!("--model {model}: {e}"))?;
+    let name = dir.dir.file_name().map_or_else(
+        || "checkpoint".to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok((name, dir.lm, dir.mimi))
+}
+
+fn run(a: &Args) -> Result<bool, String> {
+    match a.device {
+        DeviceChoice::Cuda(n) => run_on(a, || open_cuda(a, n)),
+        DeviceChoice::Emulator => run_on(a, || Ok(EmuDevice::new())),
+    }
+}
+
+fn run_on<D: Device>(
+    a: &Args,
+    open_device: impl Fn() -> Result<D, String>,
+) -> Result<bool, String> {
+    let (name, mut lm, mimi) = shapes_of(&a.model)?;
+    if let Some(c) = a.context {
+        if c == 0 {
+            return Err("--context must be positive".into());
+        }
+        lm.context = c;
+    }
+    let plan = MemoryPlan::new(
+        &lm,
+        &mimi,
+        &PlanOptions {
+            lm_kv: a.kv,
+            ..PlanOptions::default()
+        },
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let mut skips: Vec<Skip> = Vec::new();
+    let mut gpu = String::new();
+    let mut total_mem = 0usize;
+    for &graphs in &a.graphs {
+        let dev = open_device()?;
+        gpu = dev.name();
+        let (free, total) = dev.memory().map_err(|e| e.to_string())?;
+        total_mem = total;
+        println!(
+            "{gpu}: {:.1} of {:.1} GiB free; {} context {}, KV {:?}: weights {:.2} GB, {:.1} MB per slot",
+            free as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            name,
+            lm.context,
+            a.kv,
+            plan.weight_bytes() as f64 / 1e9,
+            (plan.state_bytes_per_slot() + plan.scratch_bytes_per_step) as f64 / 1e6
+        );
+        let mut fits: Vec<usize> = Vec::new();
+        for &b in &a.batches {
+            match plan.check_fits(b, free as u64, a.reserve) {
+                Ok(()) => fits.push(b),
+                Err(e) => {
+                    println!("batch {b}: skipped, does not fit: {e}");
+                    skips.push(Skip {
+                        graphs,
+                        batch: b,
+                        why: format!("does not fit: {e}"),
+                    });
+                }
+            }
+        }
+        // Build for the largest size that fits; if the plan was optimistic,
+        // fall back to the next smaller one on a fresh device.
+        let mut dev = Some(dev);
+        let mut model = None;
+        while let Some(&max_slots) = fits.last() {
+            let d = match dev.take() {
+                Some(d) => d,
+                None => open_device()?,
+            };
+            let opts = GpuOptions {
+                max_slots,
+                precision: if a.f32_weights {
+                    Precision::F32
+                } else {
+                    Precision::Bf16
+                },
+                kv: a.kv,
+                graphs,
+                buckets: BucketPolicy::default(),
+            };
+            let t = Instant::now();
+            match GpuModel::random(d, &lm, &mimi, 0x6d6f_7368_6964, &opts) {
+                Ok(m) => {
+                    println!(
+                        "model built for {max_slots} slots (graphs {}) in {:.1} s",
+                        if graphs { "on" } else { "off" },
+                        t.elapsed().as_secs_f64()
+                    );
+                    model = Some(m);
+                    break;
+                }
+                Err(e) if is_oom(&e) => {
+                    println!("batch {max_slots}: skipped, out of memory while building: {e}");
+                    skips.push(Skip {
+                        graphs,
+                        batch: max_slots,
+                        why: format!("out of memory while building: {e}"),
+                    });
+                    fits.pop();
+                }
+                Err(e) => return Err(format!("building the model: {e}")),
+            }
+        }
+        if let Some(mut m) = model {
+            let (g, tm) = (gpu.clone(), total_mem);
+            measure(
+                &mut m,
+                &lm,
+                a,
+                graphs,
+                &fits,
+                &mut rows,
+                &mut skips,
+                |r, s| {
+                    if let Err(e) = report(a, &name, &lm, &g, tm, r, s, true) {
+                        println!("writing the partial report: {e}");
+                    }
+                },
+            );
+        }
+    }
+    report(a, &name, &lm, &gpu, total_mem, &rows, &skips, false)?;
+    Ok(!rows.is_empty())
+}
+
+fn main() -> ExitCode {
+    let args = match args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("gpu-bench: nothing was measured");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("gpu-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bench end to end on the emulator, on a golden fixture's shape:
+    /// both graph modes, two batch sizes (one bucket padded), full context,
+    /// and the report it writes.
+    #[test]
+    fn the_bench_runs_and_reports_on_the_emulator() {
+        let golden = std::env::var("MOSHID_GOLDEN")
+            .ok()
+            .and_then(|v| v.split(':').next().map(std::path::PathBuf::from))
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/moshi-tiny")
+            });
+        let golden = if golden.join("lm_config.json").exists() {
+            golden
+        } else {
+            golden.join("moshi-tiny")
+        };
+        let out = tempfile::tempdir().unwrap();
+        let a = args::parse(
+            [
+                "--model",
+                golden.to_str().unwrap(),
+                "--device",
+                "emu",
+                "--batch",
+                "3,1",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--graphs",
+                "both",
+                "--reserve-gib",
+                "0",
+                "--out",
+                out.path().to_str().unwrap(),
+            ]
+            .map(String::from),
+        )
+        .unwrap();
+        assert_eq!(a.batches, vec![1, 3]);
+        assert!(run(&a).unwrap(), "something was measured");
+        let name = golden.file_name().unwrap().to_string_lossy().into_owned();
+        let json =
+            std::fs::read_to_string(out.path().join(format!("gpu-bench-{name}-kvbf16.json")))
+                .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["gpu"], "emulator");
+        assert_eq!(v["full_context"], true);
+        let results = v["results"].as_array().unwrap();
+        let seen: Vec<(bool, u64)> = results
+            .iter()
+            .map(|r| (r["graphs"].as_bool().unwrap(), r["batch"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(seen, vec![(true, 1), (true, 3), (false, 1), (false, 3)]);
+        for r in results {
+            assert_eq!(r["steps"], 3);
+            let (p50, p99) = (r["p50_ms"].as_f64().unwrap(), r["p99_ms"].as_f64().unwrap());
+            assert!(p50 > 0.0 && p99 >= p50, "{r}");
+        }
+        assert!(v["not_measured"].as_array().unwrap().is_empty());
+        let md = std::fs::read_to_string(out.path().join(format!("gpu-bench-{name}-kvbf16.md")))
+            .unwrap();
+        assert!(
+            md.contains("| on | 3 |") && md.contains("| off | 1 |"),
+            "{md}"
+        );
+        assert!(md.contains("graphs off: "), "{md}");
+    }
+
+    #[test]
+    fn arguments_are_checked() {
+        assert!(args::parse(["--model", "nope"].map(String::from)).is_err());
+        assert!(args::parse(["--device", "x"].map(String::from)).is_err());
+        assert!(args::parse(["--batch", "0"].map(String::from)).is_err());
+        let a = args::parse(["--device", "2"].map(String::from)).unwrap();
+        assert_eq!(a.device, DeviceChoice::Cuda(2));
+    }
+}
