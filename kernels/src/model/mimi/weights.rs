@@ -3,8 +3,9 @@
 //! [`Source`] hands out tensors by official name and shape: either a
 //! checkpoint ([`Weights`], exactly as the CPU `Mimi::load` takes them) or a
 //! deterministic pseudo-random generator ([`RandomSource`]) for timing the
-//! real shape without a checkpoint. [`Mem`] allocates on the device and
-//! counts the bytes of each kind (weights, per-slot state, scratch).
+//! real shape without a checkpoint. [`Mem`] allocates on the device, counts
+//! the bytes of each kind (weights, per-slot state, scratch) and sends every
+//! upload through one pinned [`Staging`] buffer.
 //!
 //! Invariants: a tensor's random values depend only on the seed and its name
 //! (not on the order of the calls); every allocation of a [`GpuMimi`]
