@@ -48,6 +48,18 @@ impl Staging {
         })
     }
 
+    /// The staging kept in `slot`, made there (with [`STAGING_CHUNK_BYTES`]
+    /// halves) at the first upload: loaders hold one for their whole load.
+    pub fn in_slot<'s, D: Device + ?Sized>(
+        slot: &'s mut Option<Staging>,
+        dev: &mut D,
+    ) -> DeviceResult<&'s mut Staging> {
+        match slot {
+            Some(s) => Ok(s),
+            None => Ok(slot.insert(Staging::new(dev, STAGING_CHUNK_BYTES)?)),
+        }
+    }
+
     /// Bytes per half.
     pub fn chunk_bytes(&self) -> usize {
         self.chunk_bytes

@@ -18,7 +18,7 @@ use crate::device::{DType, DevPtr, Device, DeviceResult, Gemm};
 use crate::ops::elementwise::EwKernels;
 use moshid_model::weights::{RawDtype, RawTensor, Weights};
 
-use super::staging::{Staging, STAGING_CHUNK_BYTES};
+use super::staging::Staging;
 use super::GpuError;
 
 /// A weight matrix on the device, `[rows][cols]` row-major (a PyTorch
@@ -194,10 +194,7 @@ impl<'a> WeightLoader<'a> {
         let cols = *shape.last().unwrap_or(&1);
         match &mut self.source {
             Source::Checkpoint { weights, staging } => {
-                let staging = match staging {
-                    Some(s) => s,
-                    None => staging.insert(Staging::new(dev, STAGING_CHUNK_BYTES)?),
-                };
+                let staging = Staging::in_slot(staging, dev)?;
                 let raw = weights.take_raw(name, shape)?;
                 match fixup {
                     None => upload_converted(dev, staging, dst, raw, dtype)?,
@@ -316,6 +313,7 @@ pub fn scratch<D: Device + ?Sized>(dev: &mut D, n: usize, dtype: DType) -> Devic
 mod tests {
     use super::*;
     use crate::device::emu::EmuDevice;
+    use crate::model::staging::STAGING_CHUNK_BYTES;
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
 

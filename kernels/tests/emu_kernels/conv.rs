@@ -53,22 +53,6 @@ fn conv1d_case(
         let x = det(2 * t_in * c_in, call as f32 * 13.0 + 0.5);
         let (dx, ds) = (up(&mut dev, &x), up(&mut dev, &steps));
         let y = up(&mut dev, &vec![9.0f32; 2 * t_out * c_out]);
-        let grid3 = (2u32, 1u32, 1u32);
-        dev.launch(
-            k(&dev, "conv1d_replicate_pad"),
-            grid3,
-            CONV_THREADS,
-            &[
-                Arg::Ptr(dx),
-                Arg::Ptr(prev),
-                Arg::Ptr(first),
-                Arg::Ptr(ds),
-                Arg::I32(c_in as i32),
-                Arg::I32(t_in as i32),
-                Arg::I32(history as i32),
-            ],
-        )
-        .unwrap();
         let shape = ConvShape {
             c_in,
             c_out,
@@ -76,25 +60,13 @@ fn conv1d_case(
             stride,
             dilation,
         };
-        ConvKernels::resolve(&dev)
-            .unwrap()
-            .conv1d_stream(&mut dev, &shape, t_in, 2, dx, prev, dw, db, ds, y)
+        let conv = ConvKernels::resolve(&dev).unwrap();
+        conv.conv1d_replicate_pad(&mut dev, &shape, t_in, 2, dx, prev, first, ds)
             .unwrap();
-        dev.launch(
-            k(&dev, "conv1d_state_update"),
-            grid3,
-            CONV_THREADS,
-            &[
-                Arg::Ptr(dx),
-                Arg::Ptr(prev),
-                Arg::Ptr(first),
-                Arg::Ptr(ds),
-                Arg::I32(c_in as i32),
-                Arg::I32(t_in as i32),
-                Arg::I32(history as i32),
-            ],
-        )
-        .unwrap();
+        conv.conv1d_stream(&mut dev, &shape, t_in, 2, dx, prev, dw, db, ds, y)
+            .unwrap();
+        conv.conv1d_state_update(&mut dev, &shape, t_in, 2, dx, prev, first, ds)
+            .unwrap();
         let got = down::<f32>(&mut dev, y, 2 * t_out * c_out);
         for j in 0..2 {
             let yj = &got[j * t_out * c_out..(j + 1) * t_out * c_out];
@@ -201,22 +173,11 @@ fn convtr1d_dense_and_depthwise_match_a_naive_transposed_conv() {
                 stride,
                 depthwise,
             };
-            ConvKernels::resolve(&dev)
-                .unwrap()
-                .convtr1d_stream(&mut dev, &shape, t_in, 1, dx, partial, dw, db, ds, y, tail)
+            let conv = ConvKernels::resolve(&dev).unwrap();
+            conv.convtr1d_stream(&mut dev, &shape, t_in, 1, dx, partial, dw, db, ds, y, tail)
                 .unwrap();
-            dev.launch(
-                k(&dev, "convtr1d_state_update"),
-                (1, 1, 1),
-                CONV_THREADS,
-                &[
-                    Arg::Ptr(tail),
-                    Arg::Ptr(partial),
-                    Arg::Ptr(ds),
-                    Arg::I32((overlap * c_out) as i32),
-                ],
-            )
-            .unwrap();
+            conv.convtr1d_state_update(&mut dev, &shape, 1, tail, partial, ds)
+                .unwrap();
             xs.extend_from_slice(&x);
             ys.extend(down::<f32>(&mut dev, y, t_out * c_out));
         }

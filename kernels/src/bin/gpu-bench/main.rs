@@ -39,6 +39,13 @@ mod args;
 mod measure;
 mod report;
 
+/// The golden fixture folders, found as every golden test finds them (only
+/// `fixture_dirs` is used here).
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../../../model/tests/golden_fixtures.rs"]
+mod golden_fixtures;
+
 use args::{Args, DeviceChoice};
 use measure::{is_oom, measure, Row, Skip};
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
@@ -238,17 +245,7 @@ mod tests {
     /// and the report it writes.
     #[test]
     fn the_bench_runs_and_reports_on_the_emulator() {
-        let golden = std::env::var("MOSHID_GOLDEN")
-            .ok()
-            .and_then(|v| v.split(':').next().map(std::path::PathBuf::from))
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/moshi-tiny")
-            });
-        let golden = if golden.join("lm_config.json").exists() {
-            golden
-        } else {
-            golden.join("moshi-tiny")
-        };
+        let golden = golden_fixtures::fixture_dirs("lm_config.json").remove(0);
         let out = tempfile::tempdir().unwrap();
         let a = args::parse(
             [

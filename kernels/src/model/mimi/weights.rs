@@ -12,9 +12,9 @@
 //! (super::GpuMimi) goes through one [`Mem`], so its byte counts are the
 //! model's whole device footprint.
 
-use super::super::staging::{Staging, STAGING_CHUNK_BYTES};
+use super::super::staging::Staging;
 use super::super::GpuError;
-use crate::device::{DevPtr, Device, DeviceResult};
+use crate::device::{as_bytes, DevPtr, Device, DeviceResult};
 use moshid_model::weights::Weights;
 
 /// Tensors by name, each as f32 in row-major order of `shape`.
@@ -138,7 +138,7 @@ impl Mem {
         data: &[f32],
     ) -> DeviceResult<DevPtr> {
         let p = self.floats(dev, kind, data.len())?;
-        self.stage(dev, p, data.len(), |i| data[i].to_le_bytes())?;
+        Staging::in_slot(&mut self.staging, dev)?.upload_bytes(dev, p, as_bytes(data))?;
         Ok(p)
     }
 
@@ -150,30 +150,8 @@ impl Mem {
         data: &[i32],
     ) -> DeviceResult<DevPtr> {
         let p = self.alloc(dev, kind, data.len() * 4)?;
-        self.stage(dev, p, data.len(), |i| data[i].to_le_bytes())?;
+        Staging::in_slot(&mut self.staging, dev)?.upload_bytes(dev, p, as_bytes(data))?;
         Ok(p)
-    }
-
-    /// Writes `n` 4-byte values, value `i` being `bytes_of(i)`, at `dst`.
-    fn stage<D: Device + ?Sized>(
-        &mut self,
-        dev: &mut D,
-        dst: DevPtr,
-        n: usize,
-        bytes_of: impl Fn(usize) -> [u8; 4],
-    ) -> DeviceResult<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let staging = match &mut self.staging {
-            Some(s) => s,
-            None => self.staging.insert(Staging::new(dev, STAGING_CHUNK_BYTES)?),
-        };
-        staging.upload(dev, dst, n * 4, |offset, out| {
-            for (i, o) in out.chunks_exact_mut(4).enumerate() {
-                o.copy_from_slice(&bytes_of(offset / 4 + i));
-            }
-        })
     }
 }
 
