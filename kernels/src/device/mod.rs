@@ -155,6 +155,17 @@ pub enum DeviceError {
     Capture(String),
 }
 
+impl DeviceError {
+    /// A [`DeviceError::Shape`]: `what` was given an invalid shape, range or
+    /// argument, and `why`.
+    pub fn shape(what: &'static str, why: impl Into<String>) -> Self {
+        DeviceError::Shape {
+            what,
+            why: why.into(),
+        }
+    }
+}
+
 /// Shorthand for device results.
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
@@ -381,6 +392,34 @@ pub fn check_gemm(g: &Gemm) -> DeviceResult<()> {
         return bad("null operand".into());
     }
     Ok(())
+}
+
+/// Checks that `[ptr, ptr + bytes)` lies inside `alloc`, the allocation
+/// (start, bytes) that starts at or before `ptr` if there is one (shared by
+/// devices; an empty range anywhere passes).
+pub(crate) fn check_inside(
+    what: &'static str,
+    ptr: DevPtr,
+    bytes: usize,
+    alloc: Option<(DevPtr, usize)>,
+) -> DeviceResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let end = ptr.checked_add(bytes as u64);
+    match alloc {
+        Some((base, size)) if end.is_some_and(|e| e <= base + size as u64) => Ok(()),
+        Some((base, size)) if ptr < base + size as u64 => Err(DeviceError::shape(
+            what,
+            format!(
+                "{bytes} bytes at {ptr:#x} run past the end of the allocation of {size} bytes at {base:#x}"
+            ),
+        )),
+        _ => Err(DeviceError::shape(
+            what,
+            format!("{ptr:#x} is not inside any allocation of this device"),
+        )),
+    }
 }
 
 /// The bytes of a slice of plain-old-data values (for [`Device::upload`]).

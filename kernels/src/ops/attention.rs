@@ -7,8 +7,8 @@
 //! a call is complete before any attention reads (Mimi writes two positions
 //! per call).
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DType, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `ROPE_THREADS` of attention.cu.
 pub const ROPE_THREADS: u32 = 128;
@@ -61,20 +61,20 @@ impl AttnShape {
     fn head_dim(&self) -> DeviceResult<usize> {
         const WHAT: &str = "attention";
         if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 WHAT,
                 format!("dim {} over {} heads", self.dim, self.heads),
             ));
         }
         let hd = self.dim / self.heads;
         if !hd.is_multiple_of(2) || hd > ATT_MAX_HEAD_DIM {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 WHAT,
                 format!("head_dim {hd} must be even and at most {ATT_MAX_HEAD_DIM}"),
             ));
         }
         if self.capacity == 0 || self.context == 0 {
-            return Err(bad(WHAT, "empty cache or context"));
+            return Err(DeviceError::shape(WHAT, "empty cache or context"));
         }
         Ok(hd)
     }
@@ -124,7 +124,7 @@ impl AttnKernels {
         const WHAT: &str = "rope_kv_write";
         let hd = s.head_dim()?;
         if qkv == NULL || row_info == NULL || k_cache == NULL || v_cache == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         let common = [
             Arg::Ptr(qkv),
@@ -167,7 +167,7 @@ impl AttnKernels {
         const WHAT: &str = "attn_decode";
         let hd = s.head_dim()?;
         if qkv == NULL || row_info == NULL || k_cache == NULL || v_cache == NULL || out == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let head = [
@@ -197,7 +197,7 @@ impl AttnKernels {
                 args[9] = Arg::F32(kv_scale);
                 dev.launch(self.att_fp8, grid, ATT_THREADS, &args)
             }
-            (kv, o) => Err(bad(
+            (kv, o) => Err(DeviceError::shape(
                 WHAT,
                 format!("no kernel for a {kv:?} cache with {o:?} output"),
             )),

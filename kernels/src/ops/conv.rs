@@ -10,8 +10,8 @@
 //! (when the overlap is not empty). Weights are in the device layouts of
 //! conv.cu's header (`[kernel][c_in][c_out]`, depthwise `[c][kernel]`).
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `CONV_THREADS` of conv.cu.
 pub const CONV_THREADS: u32 = 128;
@@ -47,13 +47,16 @@ impl ConvShape {
     fn check(&self, t_in: usize) -> DeviceResult<()> {
         const WHAT: &str = "conv1d_stream";
         if self.c_in == 0 || self.c_out == 0 || self.kernel == 0 || self.dilation == 0 {
-            return Err(bad(WHAT, format!("empty shape {self:?}")));
+            return Err(DeviceError::shape(WHAT, format!("empty shape {self:?}")));
         }
         if self.stride == 0 || (self.kernel - 1) * self.dilation + 1 < self.stride {
-            return Err(bad(WHAT, "effective kernel shorter than the stride"));
+            return Err(DeviceError::shape(
+                WHAT,
+                "effective kernel shorter than the stride",
+            ));
         }
         if t_in == 0 || !t_in.is_multiple_of(self.stride) {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 WHAT,
                 format!("{t_in} input steps: not a multiple of the stride"),
             ));
@@ -91,16 +94,16 @@ impl ConvTrShape {
     fn check(&self, t_in: usize) -> DeviceResult<()> {
         const WHAT: &str = "convtr1d_stream";
         if self.c_in == 0 || self.c_out == 0 || self.stride == 0 || self.kernel < self.stride {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 WHAT,
                 format!("needs kernel ≥ stride ≥ 1, got {self:?}"),
             ));
         }
         if self.depthwise && self.c_in != self.c_out {
-            return Err(bad(WHAT, "depthwise needs c_in = c_out"));
+            return Err(DeviceError::shape(WHAT, "depthwise needs c_in = c_out"));
         }
         if t_in == 0 || self.t_out(t_in) < self.overlap() {
-            return Err(bad(WHAT, "a call must cover the overlap"));
+            return Err(DeviceError::shape(WHAT, "a call must cover the overlap"));
         }
         Ok(())
     }
@@ -152,7 +155,7 @@ impl ConvKernels {
         s.check(t_in)?;
         let hist = s.history();
         if x == NULL || w == NULL || steps == NULL || y == NULL || (hist > 0 && prev == NULL) {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         // Threads over (channel, group of CONV_TT output steps).
         let threads = s.c_out * s.t_out(t_in).div_ceil(CONV_TT);
@@ -201,7 +204,7 @@ impl ConvKernels {
         const WHAT: &str = "conv1d_replicate_pad";
         s.check(t_in)?;
         if x == NULL || prev == NULL || first == NULL || steps == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.pad,
@@ -237,7 +240,7 @@ impl ConvKernels {
         const WHAT: &str = "conv1d_state_update";
         s.check(t_in)?;
         if x == NULL || prev == NULL || steps == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.update,
@@ -280,10 +283,13 @@ impl ConvKernels {
         s.check(t_in)?;
         let ov = s.overlap();
         if x == NULL || w == NULL || steps == NULL || y == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         if ov > 0 && (partial == NULL || tail == NULL) {
-            return Err(bad(WHAT, "null state or tail with a non-empty overlap"));
+            return Err(DeviceError::shape(
+                WHAT,
+                "null state or tail with a non-empty overlap",
+            ));
         }
         let outputs = s.t_out(t_in) + ov;
         let grid = if s.depthwise {
@@ -351,7 +357,7 @@ impl ConvKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "convtr1d_state_update";
         if tail == NULL || partial == NULL || steps == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.tr_update,

@@ -1,8 +1,8 @@
 //! Element-wise launches (elementwise.cu): gating, activations, residual sums
 //! and the f32 → bf16 cast, as grid-stride loops over whole buffers.
 
-use super::{bad, ew_grid, int, EW_THREADS};
-use crate::device::{Arg, DType, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{ew_grid, int, EW_THREADS};
+use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// The element-wise kernels of one device.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +21,7 @@ pub struct EwKernels {
 
 fn nonnull(what: &'static str, ptrs: &[DevPtr]) -> DeviceResult<()> {
     if ptrs.contains(&NULL) {
-        return Err(bad(what, "null operand"));
+        return Err(DeviceError::shape(what, "null operand"));
     }
     Ok(())
 }

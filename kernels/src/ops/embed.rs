@@ -6,8 +6,8 @@
 //! after sampling, [`EmbedKernels::cache_out`] stores the new tokens, advances
 //! the offsets and reads out the undelayed frame.
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DType, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `TOK_THREADS` of embed.cu.
 pub const TOK_THREADS: u32 = 128;
@@ -93,7 +93,7 @@ impl EmbedKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "token_cache_in";
         if [steps, user_codes, tokens, tc.cache, tc.offset, tc.delays].contains(&NULL) {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.cache_in,
@@ -139,7 +139,7 @@ impl EmbedKernels {
         ]
         .contains(&NULL)
         {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.cache_out,
@@ -183,7 +183,7 @@ impl EmbedKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "embed_sum";
         if [x, audio_emb, text_emb, row_info, tokens].contains(&NULL) {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         let k = match dtype {
             DType::Bf16 => self.sum_bf16,
@@ -279,7 +279,7 @@ impl EmbedKernels {
         width: usize,
     ) -> DeviceResult<()> {
         if ptrs.contains(&NULL) {
-            return Err(bad(what, "null operand"));
+            return Err(DeviceError::shape(what, "null operand"));
         }
         let [a, b, c, d] = ptrs;
         dev.launch(
@@ -315,7 +315,7 @@ impl EmbedKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "fill_flagged_rows";
         if codes == NULL || flags == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.fill_flagged,

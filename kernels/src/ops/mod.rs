@@ -56,14 +56,6 @@ pub fn dim(what: &'static str, n: usize) -> DeviceResult<u32> {
     })
 }
 
-/// A shape error.
-pub fn bad(what: &'static str, why: impl Into<String>) -> DeviceError {
-    DeviceError::Shape {
-        what,
-        why: why.into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     /// The `#define NAME value` of a kernel source.

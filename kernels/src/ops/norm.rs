@@ -1,7 +1,7 @@
 //! RMSNorm and LayerNorm launches (norm.cu): one block per row.
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DType, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `NORM_THREADS` of norm.cu.
 pub const NORM_THREADS: u32 = 256;
@@ -42,7 +42,7 @@ impl NormKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "rms_norm";
         if x == NULL || alpha == NULL || y == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         let k = match out {
             DType::Bf16 => self.rms_bf16,
@@ -79,7 +79,7 @@ impl NormKernels {
     ) -> DeviceResult<()> {
         const WHAT: &str = "layer_norm";
         if x == NULL || w == NULL || b == NULL || y == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.layer_f32,

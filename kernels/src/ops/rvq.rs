@@ -5,8 +5,8 @@
 //! Device codebook layout (quantizer.cu's header): `books_t[c][dq][bins]`
 //! and `norms[c][bins] = ‖e‖²`.
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `RVQ_THREADS` of quantizer.cu.
 pub const RVQ_THREADS: u32 = 256;
@@ -36,7 +36,7 @@ pub struct RvqShape {
 impl RvqShape {
     fn check(&self, what: &'static str) -> DeviceResult<()> {
         if self.n_books == 0 || self.dq == 0 || self.dq > RVQ_MAX_DIM || self.bins == 0 {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 what,
                 format!(
                     "{} books of width {} (1..={RVQ_MAX_DIM}) and {} entries",
@@ -45,7 +45,7 @@ impl RvqShape {
             ));
         }
         if self.col0 + self.n_books > self.codes_stride {
-            return Err(bad(what, "codes columns out of the row"));
+            return Err(DeviceError::shape(what, "codes columns out of the row"));
         }
         Ok(())
     }
@@ -85,7 +85,7 @@ impl RvqKernels {
         const WHAT: &str = "rvq_encode";
         s.check(WHAT)?;
         if xq == NULL || books_t == NULL || norms == NULL || steps == NULL || codes == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.encode,
@@ -125,7 +125,7 @@ impl RvqKernels {
         const WHAT: &str = "rvq_decode";
         s.check(WHAT)?;
         if codes == NULL || books_t == NULL || steps == NULL || q == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.decode,

@@ -1,8 +1,8 @@
 //! Token sampling (sampling.cu): one block per slot-step, guidance mixed in,
 //! greedy or temperature + top-k with the slot's own xoshiro256++ state.
 
-use super::{bad, dim, int};
-use crate::device::{Arg, DevPtr, Device, DeviceResult, KernelId, NULL};
+use super::{dim, int};
+use crate::device::{Arg, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `SAMPLE_THREADS` of sampling.cu.
 pub const SAMPLE_THREADS: u32 = 512;
@@ -50,10 +50,10 @@ impl SampleKernels {
     pub fn sample<D: Device + ?Sized>(&self, dev: &mut D, a: &SampleArgs) -> DeviceResult<()> {
         const WHAT: &str = "sample_tokens";
         if [a.logits, a.steps, a.params, a.rng, a.out].contains(&NULL) {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         if a.vocab == 0 || a.ld < a.vocab {
-            return Err(bad(
+            return Err(DeviceError::shape(
                 WHAT,
                 format!("vocab {} with row stride {}", a.vocab, a.ld),
             ));

@@ -8,8 +8,7 @@
 //! and float, 8 for pointers and 64-bit integers); a declaration that is
 //! absent or not understood is `None` (unchecked), never a guess.
 
-use super::calls::shape;
-use crate::device::{Arg, DeviceResult};
+use crate::device::{Arg, DeviceError, DeviceResult};
 use std::ffi::c_void;
 
 /// Most arguments one launch takes.
@@ -30,7 +29,7 @@ impl PackedArgs {
     /// Packs `args`; more than [`MAX_ARGS`] is an error.
     pub fn new(args: &[Arg]) -> DeviceResult<PackedArgs> {
         if args.len() > MAX_ARGS {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 "launch",
                 format!("{} arguments, at most {MAX_ARGS}", args.len()),
             ));

@@ -72,10 +72,3 @@ pub(super) fn call<T, E: CallError>(
         why: e.describe(),
     })
 }
-
-pub(super) fn shape(what: &'static str, why: impl Into<String>) -> DeviceError {
-    DeviceError::Shape {
-        what,
-        why: why.into(),
-    }
-}

@@ -9,7 +9,7 @@
 //! type, C of theirs or f32, every operand aligned and inside one
 //! allocation, and every size within a cuBLAS `int`.
 
-use super::calls::{call, guarded, shape};
+use super::calls::{call, guarded};
 use super::memory::ALLOC_ALIGN;
 use super::symbols::{missing_symbols, CUBLAS_SYMBOLS};
 use super::CudaDevice;
@@ -86,7 +86,7 @@ impl CudaDevice {
     pub(super) fn gemm_inner(&self, g: &Gemm) -> DeviceResult<()> {
         check_gemm(g)?;
         if g.a_type != g.b_type || (g.c_type != g.a_type && g.c_type != DType::F32) {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 "gemm",
                 format!(
                     "types A {:?} B {:?} C {:?}: A and B must agree, C be theirs or f32",
@@ -100,15 +100,19 @@ impl CudaDevice {
             ("gemm C", g.c, g.m, g.n, g.ldc, g.c_type),
         ] {
             if !ptr.is_multiple_of(t.bytes() as u64) {
-                return Err(shape(what, format!("operand {ptr:#x} is misaligned")));
+                return Err(DeviceError::shape(
+                    what,
+                    format!("operand {ptr:#x} is misaligned"),
+                ));
             }
             let bytes = Self::extent(rows, cols, ld, t)
-                .ok_or_else(|| shape(what, "operand size overflows"))?;
+                .ok_or_else(|| DeviceError::shape(what, "operand size overflows"))?;
             self.check_range(what, ptr, bytes)?;
         }
         let int = |what: &'static str, v: usize| {
-            i32::try_from(v)
-                .map_err(|_| shape("gemm", format!("{what} = {v} exceeds a cuBLAS int")))
+            i32::try_from(v).map_err(|_| {
+                DeviceError::shape("gemm", format!("{what} = {v} exceeds a cuBLAS int"))
+            })
         };
         let (m, n, k) = (int("m", g.m)?, int("n", g.n)?, int("k", g.k)?);
         let (lda, ldb, ldc) = (int("lda", g.lda)?, int("ldb", g.ldb)?, int("ldc", g.ldc)?);

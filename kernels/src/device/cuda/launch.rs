@@ -9,7 +9,7 @@
 //! pointer argument inside an allocation of this device.
 
 use super::args::{entry_params, PackedArgs};
-use super::calls::{call, guarded, shape, CallError};
+use super::calls::{call, guarded, CallError};
 use super::{CudaDevice, CudaOpenOptions};
 use crate::compile::{self, CompileConfig};
 use crate::device::{Arg, DeviceError, DeviceResult, KernelId};
@@ -88,7 +88,7 @@ impl CudaDevice {
                     .zip(packed.sizes())
                     .all(|(&p, &a)| p == a as u16);
             if !ok {
-                return Err(shape(
+                return Err(DeviceError::shape(
                     "launch",
                     format!(
                         "`{}` takes parameters of {params:?} bytes, given {:?}",
@@ -107,7 +107,7 @@ impl CudaDevice {
             || grid.1 > 65_535
             || grid.2 > 65_535
         {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 "launch",
                 format!("`{}`: grid {grid:?} block {block}", k.name),
             ));
@@ -117,7 +117,7 @@ impl CudaDevice {
         for (i, a) in args.iter().enumerate() {
             if let Arg::Ptr(p) = *a {
                 if p != crate::device::NULL && self.check_range("launch", p, 1).is_err() {
-                    return Err(shape(
+                    return Err(DeviceError::shape(
                         "launch",
                         format!(
                             "`{}` argument {i}: {p:#x} is not inside any allocation of this device",

@@ -9,9 +9,9 @@
 //! range passes only inside one allocation (an empty range anywhere), a host
 //! range only inside a live host buffer of this device.
 
-use super::calls::{bind_for_cleanup, call, guarded, shape, CallError};
+use super::calls::{bind_for_cleanup, call, guarded, CallError};
 use super::CudaDevice;
-use crate::device::{DevPtr, Device, DeviceError, DeviceResult, HostAlloc, HostBuf};
+use crate::device::{check_inside, DevPtr, Device, DeviceError, DeviceResult, HostAlloc, HostBuf};
 use cudarc::driver::{sys, CudaContext};
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -92,24 +92,13 @@ impl CudaDevice {
         ptr: DevPtr,
         bytes: usize,
     ) -> DeviceResult<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
+        // `allocs` is sorted by start: the candidate is the last one at or
+        // before `ptr`.
         let i = self.allocs.partition_point(|a| a.ptr <= ptr);
-        let inside = i > 0 && {
-            let a = self.allocs[i - 1];
-            (bytes as u64)
-                .checked_add(ptr - a.ptr)
-                .is_some_and(|end| end <= a.bytes as u64)
-        };
-        if inside {
-            Ok(())
-        } else {
-            Err(shape(
-                what,
-                format!("device range {ptr:#x} + {bytes} bytes is not inside one allocation of this device"),
-            ))
-        }
+        let alloc = i
+            .checked_sub(1)
+            .map(|i| (self.allocs[i].ptr, self.allocs[i].bytes));
+        check_inside(what, ptr, bytes, alloc)
     }
 
     /// Checks that `buf` is a live host buffer of this device and that
@@ -127,7 +116,7 @@ impl CudaDevice {
             .iter()
             .any(|h| h.addr == addr && h.bytes == buf.bytes());
         if !ours {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 what,
                 "the host buffer was not allocated by this device's alloc_host",
             ));
@@ -136,7 +125,7 @@ impl CudaDevice {
             .checked_add(bytes)
             .is_none_or(|end| end > buf.bytes())
         {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 what,
                 format!(
                     "bytes {offset}..+{bytes} do not fit a host buffer of {}",

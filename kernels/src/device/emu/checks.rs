@@ -11,14 +11,9 @@
 
 use super::launch::{table, Kernel};
 use super::EmuDevice;
-use crate::device::{Arg, DType, DevPtr, DeviceError, DeviceResult, HostBuf, KernelId};
-
-pub(super) fn shape(what: &'static str, why: impl Into<String>) -> DeviceError {
-    DeviceError::Shape {
-        what,
-        why: why.into(),
-    }
-}
+use crate::device::{
+    check_inside, Arg, DType, DevPtr, DeviceError, DeviceResult, HostBuf, KernelId,
+};
 
 fn kind_name(k: u8) -> &'static str {
     match k {
@@ -49,24 +44,8 @@ impl EmuDevice {
         ptr: DevPtr,
         bytes: usize,
     ) -> DeviceResult<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let end = ptr.checked_add(bytes as u64);
-        match self.allocs.range(..=ptr).next_back() {
-            Some((&base, a)) if end.is_some_and(|e| e <= base + a.bytes as u64) => Ok(()),
-            Some((&base, a)) if ptr < base + a.bytes as u64 => Err(shape(
-                what,
-                format!(
-                    "{bytes} bytes at {ptr:#x} run past the end of the allocation of {} bytes at {base:#x}",
-                    a.bytes
-                ),
-            )),
-            _ => Err(shape(
-                what,
-                format!("{ptr:#x} is not inside any allocation of this device"),
-            )),
-        }
+        let alloc = self.allocs.range(..=ptr).next_back();
+        check_inside(what, ptr, bytes, alloc.map(|(&base, a)| (base, a.bytes)))
     }
 
     /// Checks a host range `[offset, offset + bytes)` of a buffer of this device.
@@ -79,10 +58,13 @@ impl EmuDevice {
     ) -> DeviceResult<usize> {
         let addr = buf.as_ptr() as usize;
         if !self.hosts.iter().any(|h| h.0 == addr) {
-            return Err(shape(what, "the host buffer was not made by this device"));
+            return Err(DeviceError::shape(
+                what,
+                "the host buffer was not made by this device",
+            ));
         }
         if offset.checked_add(bytes).is_none_or(|e| e > buf.bytes()) {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 what,
                 format!(
                     "bytes {offset}..{} of a host buffer of {}",
@@ -104,13 +86,16 @@ impl EmuDevice {
         ld: usize,
     ) -> DeviceResult<()> {
         if !ptr.is_multiple_of(t.bytes() as u64) {
-            return Err(shape("gemm", format!("operand {ptr:#x} is misaligned")));
+            return Err(DeviceError::shape(
+                "gemm",
+                format!("operand {ptr:#x} is misaligned"),
+            ));
         }
         let elems = (rows - 1).checked_mul(ld).and_then(|v| v.checked_add(cols));
         let bytes = elems.and_then(|e| e.checked_mul(t.bytes()));
         match bytes {
             Some(b) => self.check_range("gemm", ptr, b),
-            None => Err(shape("gemm", "operand extent overflows")),
+            None => Err(DeviceError::shape("gemm", "operand extent overflows")),
         }
     }
 
@@ -128,16 +113,22 @@ impl EmuDevice {
             .ok_or_else(|| DeviceError::UnknownKernel(format!("#{}", kernel.0)))?;
         let name = k.name;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Err(shape(name, format!("empty grid {grid:?}")));
+            return Err(DeviceError::shape(name, format!("empty grid {grid:?}")));
         }
         if grid.0 > i32::MAX as u32 || grid.1 > 65_535 || grid.2 > 65_535 {
-            return Err(shape(name, format!("grid {grid:?} beyond CUDA's limits")));
+            return Err(DeviceError::shape(
+                name,
+                format!("grid {grid:?} beyond CUDA's limits"),
+            ));
         }
         if block == 0 || block > 1024 {
-            return Err(shape(name, format!("block of {block} threads (1..=1024)")));
+            return Err(DeviceError::shape(
+                name,
+                format!("block of {block} threads (1..=1024)"),
+            ));
         }
         if block > k.max_threads {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 name,
                 format!(
                     "block of {block} threads over the kernel's launch bounds ({})",
@@ -146,7 +137,7 @@ impl EmuDevice {
             ));
         }
         if args.len() != k.kinds.len() {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 name,
                 format!(
                     "{} arguments given, the kernel takes {}",
@@ -157,7 +148,7 @@ impl EmuDevice {
         }
         for (i, (a, (&kind, &align))) in args.iter().zip(k.kinds.iter().zip(k.aligns)).enumerate() {
             if arg_kind(a) != kind {
-                return Err(shape(
+                return Err(DeviceError::shape(
                     name,
                     format!(
                         "argument {i} is {a:?}, the kernel takes {}",
@@ -170,13 +161,13 @@ impl EmuDevice {
                     continue;
                 }
                 if p % align.max(1) as u64 != 0 {
-                    return Err(shape(
+                    return Err(DeviceError::shape(
                         name,
                         format!("argument {i}: {p:#x} is not aligned to {align} bytes"),
                     ));
                 }
                 if let Err(DeviceError::Shape { why, .. }) = self.check_range(name, p, 1) {
-                    return Err(shape(name, format!("argument {i}: {why}")));
+                    return Err(DeviceError::shape(name, format!("argument {i}: {why}")));
                 }
             }
         }

@@ -8,7 +8,6 @@
 //! allocation per launch), each in an 8-byte slot holding its value in the
 //! low bytes; a kernel that fails at run time leaves the device faulted.
 
-use super::checks::shape;
 use super::{ffi, EmuDevice};
 use crate::device::{Arg, DeviceError, DeviceResult};
 use std::collections::HashMap;
@@ -117,7 +116,7 @@ impl EmuDevice {
     ) -> DeviceResult<()> {
         let k = &table().kernels[kernel as usize];
         if args.len() > MAX_LAUNCH_ARGS {
-            return Err(shape(
+            return Err(DeviceError::shape(
                 k.name,
                 format!("{} arguments (at most {MAX_LAUNCH_ARGS})", args.len()),
             ));

@@ -61,7 +61,6 @@ use super::{
     check_gemm, Arg, DevPtr, Device, DeviceError, DeviceResult, Gemm, GraphId, HostAlloc, HostBuf,
     KernelId,
 };
-use checks::shape;
 use launch::table;
 use ops::{capture_error, Op};
 use std::collections::BTreeMap;
@@ -242,7 +241,7 @@ impl Device for EmuDevice {
     fn alloc_host(&mut self, bytes: usize) -> DeviceResult<HostBuf> {
         self.not_capturing("alloc_host")?;
         let layout = std::alloc::Layout::from_size_align(bytes.max(1), 64)
-            .map_err(|e| shape("alloc_host", e.to_string()))?;
+            .map_err(|e| DeviceError::shape("alloc_host", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(
             DeviceError::OutOfMemory {

@@ -18,10 +18,10 @@
 
 use super::weights::{at, Kind, Mem, Source};
 use super::Kernels;
-use crate::device::{Arg, DType, DevPtr, Device, DeviceResult, Gemm, KernelId, NULL};
+use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, Gemm, KernelId, NULL};
 use crate::model::GpuError;
 use crate::ops::attention::{AttnShape, KvType};
-use crate::ops::{bad, dim, int};
+use crate::ops::{dim, int};
 use moshid_model::config::MimiTransformerConfig;
 use moshid_model::weights::TensorSpec;
 
@@ -50,7 +50,7 @@ impl RowsKernel {
     ) -> DeviceResult<()> {
         const WHAT: &str = "rows_from_steps";
         if steps == NULL || positions == NULL || rows == NULL {
-            return Err(bad(WHAT, "null operand"));
+            return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
             self.0,
