@@ -5,6 +5,8 @@ use super::*;
 use crate::conv::conv_w;
 use crate::rvq::transpose_books;
 use crate::sampling::{sample, Sampling};
+use moshid_kernels::ops::norm::NormKernels;
+use moshid_kernels::ops::rvq::{RvqKernels, RvqShape};
 
 #[test]
 fn scheduler_shuffles_barriers_and_misuses() {
@@ -119,21 +121,10 @@ fn results_do_not_depend_on_the_thread_order() {
         let x = up(&mut dev, &det(n * dim, 2.0));
         let (w, b) = (up(&mut dev, &det(dim, 3.0)), up(&mut dev, &det(dim, 4.0)));
         let y = zeros::<f32>(&mut dev, n * dim);
-        dev.launch(
-            k(&dev, "layer_norm_f32"),
-            (n as u32, 1, 1),
-            NORM_THREADS,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(w),
-                Arg::Ptr(b),
-                Arg::F32(1e-5),
-                Arg::I32(dim as i32),
-                Arg::Ptr(NULL),
-                Arg::Ptr(y),
-            ],
-        )
-        .unwrap();
+        NormKernels::resolve(&dev)
+            .unwrap()
+            .layer_norm(&mut dev, x, w, b, 1e-5, dim, NULL, n, y)
+            .unwrap();
         let (dq, bins, books) = (64, 300, 2);
         let (bt, norms) = transpose_books(&det(books * bins * dq, 5.0), books, bins, dq);
         let xq = up(&mut dev, &det(3 * dq, 6.0));
@@ -143,25 +134,17 @@ fn results_do_not_depend_on_the_thread_order() {
             up(&mut dev, &steps_all(3)),
         );
         let codes = zeros::<u32>(&mut dev, 3 * books);
-        dev.launch(
-            k(&dev, "rvq_encode"),
-            (3, 1, 1),
-            RVQ_THREADS,
-            &[
-                Arg::Ptr(xq),
-                Arg::Ptr(dbt),
-                Arg::Ptr(dn),
-                Arg::Ptr(ds),
-                Arg::I32(books as i32),
-                Arg::I32(dq as i32),
-                Arg::I32(bins as i32),
-                Arg::I32(1),
-                Arg::Ptr(codes),
-                Arg::I32(books as i32),
-                Arg::I32(0),
-            ],
-        )
-        .unwrap();
+        let shape = RvqShape {
+            n_books: books,
+            dq,
+            bins,
+            codes_stride: books,
+            col0: 0,
+        };
+        RvqKernels::resolve(&dev)
+            .unwrap()
+            .encode(&mut dev, &shape, 3, xq, dbt, dn, ds, codes)
+            .unwrap();
         (
             toks,
             down::<f32>(&mut dev, y, n * dim),
@@ -197,20 +180,10 @@ fn devices_on_several_threads_do_not_share_scheduler_state() {
                 let (dx, da) = (up(&mut dev, &x), up(&mut dev, &alpha));
                 let dy = zeros::<f32>(&mut dev, n * dim);
                 for _ in 0..20 {
-                    dev.launch(
-                        k(&dev, "rms_norm_f32"),
-                        (n as u32, 1, 1),
-                        NORM_THREADS,
-                        &[
-                            Arg::Ptr(dx),
-                            Arg::Ptr(da),
-                            Arg::F32(1e-6),
-                            Arg::I32(dim as i32),
-                            Arg::Ptr(NULL),
-                            Arg::Ptr(dy),
-                        ],
-                    )
-                    .unwrap();
+                    NormKernels::resolve(&dev)
+                        .unwrap()
+                        .rms_norm(&mut dev, dx, da, 1e-6, dim, NULL, n, dy, DType::F32)
+                        .unwrap();
                     assert_close(&down::<f32>(&mut dev, dy, n * dim), &want, 1e-5, "rms_norm");
                 }
             })
