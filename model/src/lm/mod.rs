@@ -216,13 +216,14 @@ pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
     StackShape {
         dim: cfg.dim,
         heads: cfg.num_heads,
+        kv_heads: cfg.num_heads / cfg.kv_repeat,
         layers: cfg.num_layers,
-        hidden: gating_hidden(cfg.dim, (cfg.hidden_scale * cfg.dim as f64) as usize),
+        hidden: cfg.ffn_hidden(),
         sets: 1,
         gating_list: false,
         capacity: cfg.context,
         context: cfg.context,
-        rope_period: Some(cfg.max_period),
+        rope: cfg.pos_emb.rope(cfg.max_period),
         eps: cfg.norm.eps(),
     }
 }
