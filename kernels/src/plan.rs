@@ -3,13 +3,15 @@
 //! (and keys) of the per-frame CUDA graphs. Needs no GPU.
 //!
 //! The layout planned here is the one the kernels in `cuda/` assume:
-//! - LM weights in bf16 (norm gains in f32); conditioner tables stay on the
-//!   host (their vectors are computed once per slot at reset and uploaded);
+//! - LM weights in bf16 (norm gains, and the depformer heads' norms, in
+//!   f32); conditioner tables stay on the host (their vectors are computed
+//!   once per slot at reset and uploaded);
 //! - Mimi in f32 (as the official server runs it): convolution and
 //!   transformer weights, and only the codebooks in use, transposed, with
 //!   their squared norms;
 //! - per slot: the temporal KV cache at the configured context for each of
 //!   the slot's rows (two with classifier-free-guidance rows, one otherwise),
+//!   `num_heads / kv_repeat` key/value heads wide (grouped-query attention),
 //!   Mimi's conv histories, transposed-conv tails and transformer KV rings,
 //!   the delayed token cache, offsets, RNG state, sampling parameters and
 //!   condition rows;
@@ -23,7 +25,7 @@
 //! for `n` slots is `fixed + weights + n · (state_per_slot + scratch_per_step)`.
 
 use moshid_model::config::{LmConfig, MimiConfig, SeanetConfig};
-use moshid_model::lm::Lm;
+use moshid_model::lm::{depformer_shape, temporal_shape, Lm};
 use moshid_model::mimi::Mimi;
 
 /// Element type of a KV cache.
@@ -122,15 +124,6 @@ pub enum PlanError {
         /// Reserve kept free.
         reserve: u64,
     },
-}
-
-/// The official `ActivationGating` hidden width (see model/src/lm/transformer.rs).
-fn gating_hidden(dim: usize, dim_feedforward: usize) -> usize {
-    if dim_feedforward == 4 * dim {
-        21 * dim / 8
-    } else {
-        2 * dim_feedforward / 3
-    }
 }
 
 /// One convolution of Mimi as the kernels run it, per frame.
@@ -268,8 +261,9 @@ impl MemoryPlan {
             .iter()
             .filter(|t| !t.name.starts_with("condition_provider."))
             .map(|t| {
-                let n: usize = t.shape.iter().product();
-                n as u64 * if t.name.ends_with(".alpha") { 4 } else { 2 }
+                let f32_on_device =
+                    t.name.ends_with(".alpha") || t.name.starts_with("depformer_norms.");
+                t.numel() as u64 * if f32_on_device { 4 } else { 2 }
             })
             .sum();
         let q = &mimi.quantizer;
@@ -301,19 +295,16 @@ impl MemoryPlan {
         let token_state_bytes_per_slot = k * ct * 4 + 4 + 32 + 24 + cond_rows;
 
         // LM scratch per row.
-        let (d, hid) = (
-            lm.dim as u64,
-            gating_hidden(lm.dim, (lm.hidden_scale * lm.dim as f64) as usize) as u64,
-        );
-        let df = &lm.depformer;
-        let (dd, dhid) = (
-            df.dim as u64,
-            gating_hidden(df.dim, df.dim_feedforward) as u64,
-        );
-        let rank = df.low_rank_embeddings.unwrap_or(0) as u64;
+        let (ts, ds) = (temporal_shape(lm), depformer_shape(lm));
+        let (d, hid, qkv) = (ts.dim as u64, ts.hidden as u64, ts.qkv_dim() as u64);
+        let (dd, dhid, dqkv) = (ds.dim as u64, ds.hidden as u64, ds.qkv_dim() as u64);
+        let rank = lm.depformer.low_rank_embeddings.unwrap_or(0) as u64;
+        // The depformer's per-frame cache is in the activations' type (f32
+        // in the exact mode, bf16 otherwise, fp8 never).
+        let dep_kv = if opts.lm_kv == KvDtype::F32 { 4 } else { 2 };
         let row = d * 4
             + d * 2
-            + 3 * d * 4
+            + qkv * 4
             + d * 2
             + 2 * hid * 4
             + hid * 2
@@ -321,13 +312,13 @@ impl MemoryPlan {
             + lm.text_card as u64 * 4
             + dd * 4
             + dd * 2
-            + 3 * dd * 4
+            + dqkv * 4
             + dd * 2
             + 2 * dhid * 4
             + dhid * 2
             + rank * 2
             + lm.card as u64 * 4
-            + 2 * (df.num_layers * lm.dep_q) as u64 * dd * opts.lm_kv.bytes()
+            + 2 * (ds.layers * ds.capacity * ds.kv_dim()) as u64 * dep_kv
             + 2 * 20; // RowInfo of both stacks
         let dep_q = lm.dep_q as u64;
         let step_tokens =

@@ -609,7 +609,10 @@ mod tests {
         assert_eq!(ck.validate(&specs).unwrap(), 96);
         // Two steps of 8 rows leave the third unexplained, named.
         let e = ck.validate(&specs[..2]).unwrap_err().to_string();
-        assert!(e.contains("unexpected tensor `l.self_attn.in_projs.2.weight`"), "{e}");
+        assert!(
+            e.contains("unexpected tensor `l.self_attn.in_projs.2.weight`"),
+            "{e}"
+        );
         // A step beyond the stack, or rows that do not divide it, are refused.
         let e = ck
             .validate(&[TensorSpec::new("l.self_attn.in_projs.3.weight", &[8, 4])])

@@ -20,7 +20,11 @@ pub fn fixture_dirs(marker: &str) -> Vec<PathBuf> {
         .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
         .unwrap_or_default();
     dirs.sort();
-    dirs.extend(GOLDEN_NEXT.iter().map(|n| shared.join("golden-next").join(n)));
+    dirs.extend(
+        GOLDEN_NEXT
+            .iter()
+            .map(|n| shared.join("golden-next").join(n)),
+    );
     dirs.retain(|d| d.join(marker).is_file());
     if let Ok(v) = std::env::var("MOSHID_GOLDEN") {
         let named: Vec<PathBuf> = v
@@ -28,7 +32,10 @@ pub fn fixture_dirs(marker: &str) -> Vec<PathBuf> {
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
             .collect();
-        assert!(!named.is_empty(), "MOSHID_GOLDEN is set but names no folder");
+        assert!(
+            !named.is_empty(),
+            "MOSHID_GOLDEN is set but names no folder"
+        );
         for d in named {
             assert!(
                 d.join(marker).is_file(),

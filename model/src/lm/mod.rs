@@ -45,6 +45,8 @@ mod sampling;
 mod setup;
 mod transformer;
 
+/// Tensors of the norm before depformer head `k` (`depformer_norms.{k}`).
+pub use depformer::head_norm_specs as depformer_head_norm_specs;
 /// `depformer_in` index of each depformer step, and how many projections exist.
 pub use depformer::in_indices as depformer_in_indices;
 /// The depformer stack's shape for a config.
