@@ -483,31 +483,7 @@ mod tests {
 
     const GIB: f64 = (1u64 << 30) as f64;
 
-    /// A Hibiki-2B-shaped config with the figures of DESIGN.md (dim 2560, 20
-    /// heads, 24 layers, context 500, n_q 32, dep_q 16, LUT conditioner). The
-    /// depformer widths are not from a published config: only the KV figure
-    /// (dim, layers, context) is asserted.
-    fn hibiki_2b() -> LmConfig {
-        let mut delays = vec![0, 0];
-        delays.extend([2; 15]);
-        delays.push(0);
-        delays.extend([2; 15]);
-        let v = serde_json::json!({
-            "model_type": "hibiki", "dim": 2560, "text_card": 48000, "existing_text_padding_id": 3,
-            "n_q": 32, "dep_q": 16, "card": 2048, "num_heads": 20, "num_layers": 24,
-            "hidden_scale": 4.125, "causal": true, "context": 500, "max_period": 100000,
-            "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
-            "depformer_dim": 1024, "depformer_dim_feedforward": 3072, "depformer_num_heads": 16,
-            "depformer_num_layers": 4, "depformer_multi_linear": true, "depformer_context": 16,
-            "depformer_gating": "silu", "depformer_pos_emb": "none", "depformer_weights_per_step": true,
-            "depformer_weights_per_step_schedule": [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8, 8],
-            "depformer_low_rank_embeddings": 128, "delays": delays,
-            "conditioners": {"description": {"type": "lut", "lut": {"n_bins": 31, "dim": 16,
-                "tokenizer": "noop", "possible_values": ["very_bad", "bad", "neutral", "good", "very_good"]}}},
-            "fuser": {"sum": ["description"], "cross": [], "prepend": []}
-        });
-        LmConfig::from_json(&v).unwrap()
-    }
+    use crate::shapes::{hibiki_2b, hibiki_zero_3b};
 
     #[test]
     fn moshi_7b_weights_and_kv() {
@@ -547,7 +523,7 @@ mod tests {
         let lm = hibiki_2b();
         let p = MemoryPlan::new(&lm, &MimiConfig::mimi_default(), &PlanOptions::default());
         let mb = p.kv_bytes_per_row as f64 / 1e6;
-        assert!((mb - 122.9).abs() < 0.5, "Hibiki KV per stream {mb} MB");
+        assert!((mb - 368.6).abs() < 0.5, "Hibiki KV per stream {mb} MB");
         // With conditioners, slots carry a guidance row (as the CPU backend).
         assert_eq!(p.rows_per_slot, 2);
         assert_eq!(p.kv_bytes_per_slot(), 2 * p.kv_bytes_per_row);
@@ -560,6 +536,32 @@ mod tests {
             },
         );
         assert_eq!(one.kv_bytes_per_slot(), p.kv_bytes_per_row);
+    }
+
+    #[test]
+    fn hibiki_zero_3b_kv_follows_kv_repeat() {
+        let lm = hibiki_zero_3b();
+        let mimi = MimiConfig::mimi_default();
+        let p = MemoryPlan::new(&lm, &mimi, &PlanOptions::default());
+        // No conditioner: one row per slot; 8 of 16 key/value heads.
+        assert_eq!(p.rows_per_slot, 1);
+        let mb = p.kv_bytes_per_row as f64 / 1e6;
+        assert!(
+            (mb - 344.1).abs() < 0.5,
+            "Hibiki-Zero KV per stream {mb} MB"
+        );
+        let mut mha = lm.clone();
+        mha.kv_repeat = 1;
+        let full = MemoryPlan::new(&mha, &mimi, &PlanOptions::default());
+        assert_eq!(full.kv_bytes_per_row, 2 * p.kv_bytes_per_row);
+        assert!(full.scratch_bytes_per_step > p.scratch_bytes_per_step);
+        let gb = p.lm_weight_bytes as f64 / 1e9;
+        assert!((gb - 6.3).abs() < 0.2, "Hibiki-Zero weights {gb} GB");
+        // DESIGN.md: ~370 streams in bf16 on one H200.
+        let free = 139 * (1u64 << 30);
+        let n = p.max_slots(free, 4 << 30).unwrap();
+        assert!((340..=420).contains(&n), "Hibiki-Zero slots {n}");
+        assert!(full.max_slots(free, 4 << 30).unwrap() < n * 6 / 10);
     }
 
     #[test]
@@ -641,13 +643,14 @@ mod tests {
         // A 16 GiB device cannot hold Moshi 7B with a slot: an error naming the figures.
         let e = bf16.max_slots(16 << 30, 1 << 30).unwrap_err().to_string();
         assert!(e.contains("weights") && e.contains("reserve"), "{e}");
-        // Hibiki 2B: about a thousand guided streams in 139 GiB.
+        // Hibiki 2B at context 1500, two rows per slot (guidance): under
+        // two hundred guided streams in 139 GiB.
         let h = MemoryPlan::new(&hibiki_2b(), &mimi, &PlanOptions::default());
         let nh = h.max_slots(free, reserve).unwrap();
-        assert!((300..=1100).contains(&nh), "Hibiki slots {nh}");
+        assert!((120..=200).contains(&nh), "Hibiki slots {nh}");
         eprintln!(
             "Moshi 7B: weights {:.2} GB (+ Mimi {:.0} MB), state {:.1} MB/slot, scratch {:.1} MB/step: \
-             {n16} slots (bf16 KV), {n8} (fp8); Hibiki-2B-shaped: {nh} slots",
+             {n16} slots (bf16 KV), {n8} (fp8); Hibiki 2B: {nh} slots",
             bf16.lm_weight_bytes as f64 / 1e9,
             bf16.mimi_weight_bytes as f64 / 1e6,
             bf16.state_bytes_per_slot() as f64 / 1e6,
