@@ -216,6 +216,6 @@ pub fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Client(args) => crate::client::main_client(args),
-        Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
+        Command::CheckCheckpoint { dir } => crate::check_checkpoint::main(&dir),
     }
 }

@@ -47,6 +47,18 @@ pub fn lm_config(name: &str) -> Option<LmConfig> {
     }
 }
 
+/// The config.json of the built-in model `name`, in the published key
+/// format; `None` for Moshi 7B, whose checkpoints ship none, and for an
+/// unknown name.
+pub fn config_json(name: &str) -> Option<Value> {
+    match name {
+        "hibiki2b" => Some(hibiki_2b_json()),
+        "hibiki1b" => Some(hibiki_1b_json()),
+        "hibiki-zero-3b" => Some(hibiki_zero_3b_json()),
+        _ => None,
+    }
+}
+
 fn parse(v: &Value, what: &str) -> LmConfig {
     LmConfig::from_json(v).unwrap_or_else(|e| panic!("the built-in {what} config is invalid: {e}"))
 }
@@ -87,6 +99,10 @@ fn description_conditioner(cfg: &mut Value) {
 
 /// Hibiki 2B (`kyutai/hibiki-2b-pytorch-bf16`, French → English).
 pub fn hibiki_2b() -> LmConfig {
+    parse(&hibiki_2b_json(), "Hibiki 2B")
+}
+
+fn hibiki_2b_json() -> Value {
     let mut v = json!({
         "model_type": "hibiki",
         "dim": 2560,                                            // DESIGN.md
@@ -117,13 +133,17 @@ pub fn hibiki_2b() -> LmConfig {
         "tokenizer_name": "tokenizer_spm_48k_multi6_2.model"    // third-party
     });
     description_conditioner(&mut v);
-    parse(&v, "Hibiki 2B")
+    v
 }
 
 /// Hibiki 1B (`kyutai/hibiki-1b-pytorch-bf16`, "Hibiki-M", French →
 /// English). The official loaders have no built-in config for it: it loads,
 /// as Hibiki 2B does, from its repository's config.json.
 pub fn hibiki_1b() -> LmConfig {
+    parse(&hibiki_1b_json(), "Hibiki 1B")
+}
+
+fn hibiki_1b_json() -> Value {
     let mut v = json!({
         "model_type": "hibiki",
         "dim": 2048,                                            // third-party
@@ -150,7 +170,7 @@ pub fn hibiki_1b() -> LmConfig {
         "tokenizer_name": "tokenizer_spm_48k_multi6_2.model"    // third-party
     });
     description_conditioner(&mut v);
-    parse(&v, "Hibiki 1B")
+    v
 }
 
 /// Hibiki-Zero 3B (`kyutai/hibiki-zero-3b-pytorch-bf16`, 2026: French,
@@ -158,7 +178,11 @@ pub fn hibiki_1b() -> LmConfig {
 /// RoPE over head halves, LayerNorms before the depformer heads, no
 /// conditioner.
 pub fn hibiki_zero_3b() -> LmConfig {
-    let v = json!({
+    parse(&hibiki_zero_3b_json(), "Hibiki-Zero 3B")
+}
+
+fn hibiki_zero_3b_json() -> Value {
+    json!({
         "model_type": "hibiki",                                 // golden (the text_emb row copy applies)
         "dim": 2048,                                            // issue 14, DESIGN.md
         "num_heads": 16,                                        // issue 14, DESIGN.md
@@ -188,8 +212,7 @@ pub fn hibiki_zero_3b() -> LmConfig {
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8, 8],
         "demux_second_stream": false, "text_card_out": null,    // third-party
         "conditioners": {}, "cross_attention": false            // third-party, DESIGN.md (no conditioner)
-    });
-    parse(&v, "Hibiki-Zero 3B")
+    })
 }
 
 #[cfg(test)]
