@@ -142,10 +142,9 @@ mod tests {
                 2 * fp8.plan.kv_bytes_per_slot(),
                 bf16.plan.kv_bytes_per_slot()
             );
-            for i in 0..DEVICES.len() {
+            for (i, &(_, total)) in DEVICES.iter().enumerate() {
                 assert!(fp8.streams[i] > bf16.streams[i], "{name}: {caps:?}");
                 // The count is the plan's: it fits, one more does not.
-                let total = DEVICES[i].1;
                 let n = bf16.streams[i];
                 assert!(bf16.plan.check_fits(n, total, reserve_bytes()).is_ok());
                 assert!(bf16.plan.check_fits(n + 1, total, reserve_bytes()).is_err());

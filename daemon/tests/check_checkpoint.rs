@@ -64,7 +64,7 @@ fn write_header_only(path: &Path, specs: &[TensorSpec], dtype: &str, bytes: usiz
         offset += len;
     }
     let mut text = serde_json::to_string(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     let mut f = std::fs::File::create(path).unwrap();
