@@ -1,5 +1,5 @@
 //! `moshid check-checkpoint` on real-sized checkpoint folders of Moshi 7B,
-//! Hibiki 2B and Hibiki-Zero 3B, built here header-only: each safetensors
+//! Hibiki 2B, Hibiki 1B and Hibiki-Zero 3B, built here header-only: each safetensors
 //! file holds a true header (every tensor of the published shape, at its
 //! true offset) and a sparse hole where the data would be, so a 15 GB
 //! checkpoint costs a few kilobytes of disk. The command must validate
@@ -8,8 +8,8 @@
 //!
 //! Layouts as published: Moshi 7B without a config.json (the built-in
 //! config), stacked attention names (`self_attn.in_proj_weight`), bf16 LM
-//! weights, f32 Mimi; the Hibikis with their config.json; Hibiki-Zero's LM
-//! in float16.
+//! weights, f32 Mimi; the Hibikis with their config.json (Hibiki 1B with
+//! split attention names); Hibiki-Zero's LM in float16.
 
 use moshid_kernels::shapes;
 use moshid_model::config::{LmConfig, MimiConfig};
@@ -169,6 +169,7 @@ fn real_sized_folders_validate_from_their_headers() {
     let cases = [
         ("moshi7b", ("BF16", 2), true, 1572.9),
         ("hibiki2b", ("BF16", 2), true, 368.6),
+        ("hibiki1b", ("BF16", 2), false, 196.6),
         ("hibiki-zero-3b", ("F16", 2), true, 344.1),
     ];
     for (name, dtype, stacked, kv_mb) in cases {
