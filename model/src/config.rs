@@ -6,6 +6,9 @@
 //! exactly). A key we do not know, or a value we would have to guess the
 //! meaning of, is refused with an error that names the key. Keys that only
 //! name files or carry generation defaults are kept or ignored, never refused.
+//! An absent key means what it means to the official code (moshi 0.2.13):
+//! the `LMModel` / `StreamingTransformer` default, and for a `depformer_*`
+//! transformer key the temporal key it inherits (see [`LmConfig::from_json`]).
 
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -868,7 +871,10 @@ impl LmConfig {
         !self.conditioners.is_empty()
     }
 
-    /// The built-in Moshi 7B configuration (moshiko / moshika ship no config.json).
+    /// The built-in Moshi 7B configuration (moshiko / moshika ship no
+    /// config.json): the official loader's `_lm_kwargs` (moshi 0.2.13,
+    /// `moshi/models/loaders.py`), key for key, its depformer feed-forward
+    /// `int(4.125 · 1024)` written out.
     pub fn moshi_7b() -> Self {
         let v = serde_json::json!({
             "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
