@@ -20,7 +20,7 @@
 mod chromium;
 mod common;
 
-use chromium::{write_voice_wav, Browser};
+use chromium::{write_voice_wav, Browser, Mic};
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -115,6 +115,8 @@ fn start_param_runs_a_session_with_audio_text_and_record() {
     assert_eq!(shown, s["transcript"], "the transcript on screen");
     let done = hang_up(&mut b);
     assert_recorded(&done, 60);
+    // The picture shows the parameters too.
+    b.eval("document.getElementById('params').open = true");
     let rows = b.eval(
         "document.getElementById('record-box').hidden ? 0 : document.getElementById('record').rows.length",
     );
@@ -214,7 +216,7 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
         "tls_cert_file": cert_path, "tls_key_file": key_path
     }})
     .to_string();
-    let d = Daemon::start_tls(&[], &config, tls_client(&[first.der.clone()]));
+    let d = Daemon::start_tls(&[], &config, tls_client(&first.der));
     assert_eq!(d.get_json("/health")["status"], "ok");
 
     // The second certificate exists from the start so that the browser can
@@ -242,7 +244,7 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
     d.signal("HUP");
     d.wait_for_log(&second.sha256_hex, Duration::from_secs(10));
     // New handshakes get the new certificate, and only it.
-    let mut s = open_stream(d.addr, Some(&tls_client(&[second.der.clone()])))
+    let mut s = open_stream(d.addr, Some(&tls_client(&second.der)))
         .expect("a handshake with the reloaded certificate");
     use std::io::{Read, Write};
     write!(
@@ -253,7 +255,7 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let old = open_stream(d.addr, Some(&tls_client(&[first.der.clone()])));
+    let old = open_stream(d.addr, Some(&tls_client(&first.der)));
     assert!(old.is_err(), "the old certificate is still served");
 
     // The browser's session went on through the reload.
@@ -336,4 +338,38 @@ fn a_token_protected_daemon_refuses_without_the_token_and_accepts_with_it() {
         !d.stderr().contains(TOKEN),
         "the token appears in the daemon's log"
     );
+}
+
+#[test]
+fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
+    let d = Daemon::start(&[], None);
+    {
+        let mut b = Browser::launch_with(Mic::Denied, &[]);
+        b.navigate(&d.url("/?start=1"));
+        let v = b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
+            v["errors"].as_array().is_some_and(|e| !e.is_empty())
+        });
+        assert!(
+            v["errors"][0]
+                .as_str()
+                .is_some_and(|e| e.starts_with("Microphone access was denied")),
+            "{v:#}"
+        );
+        assert_eq!(v["connectEnabled"], true, "{v:#}");
+    }
+    let mut b = Browser::launch(&voice(&d), &[]);
+    b.navigate(&d.url("/?start=1"));
+    wait_played(&mut b, 1_000);
+    // The daemon dies under the session.
+    d.signal("KILL");
+    let v = b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
+        v["errors"].as_array().is_some_and(|e| !e.is_empty())
+    });
+    assert!(
+        v["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.starts_with("Connection lost")),
+        "{v:#}"
+    );
+    assert_eq!(session(&v)["state"], "ended");
 }

@@ -36,7 +36,16 @@ pub fn chromium_binary() -> String {
     std::env::var("MOSHID_CHROMIUM").unwrap_or_else(|_| "chromium".to_string())
 }
 
-/// A headless Chromium with one page, a fake microphone playing `mic_wav`.
+/// The microphone the browser is given.
+#[derive(Debug, Clone, Copy)]
+pub enum Mic<'a> {
+    /// A fake device playing this WAV file in a loop; permission granted.
+    Wav(&'a Path),
+    /// A fake device, but every permission prompt is answered "block".
+    Denied,
+}
+
+/// A headless Chromium with one page and a fake microphone.
 pub struct Browser {
     child: Child,
     ws: WebSocket<TcpStream>,
@@ -51,9 +60,14 @@ pub struct Browser {
 
 impl Browser {
     /// Starts Chromium with the flags of a root CI machine (no sandbox, no
-    /// GPU, no network of its own), a fresh profile, the fake microphone and
-    /// `extra_flags`; attaches to a blank page.
+    /// GPU, no network of its own), a fresh profile, a fake microphone
+    /// playing `mic_wav` and `extra_flags`; attaches to a blank page.
     pub fn launch(mic_wav: &Path, extra_flags: &[String]) -> Browser {
+        Self::launch_with(Mic::Wav(mic_wav), extra_flags)
+    }
+
+    /// [`Browser::launch`] with the microphone `mic`.
+    pub fn launch_with(mic: Mic<'_>, extra_flags: &[String]) -> Browser {
         let serial = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
         let profile = tempfile::Builder::new()
             .prefix("moshid-chromium-")
@@ -70,19 +84,25 @@ impl Browser {
             "--disable-component-update",
             "--disable-sync",
             "--remote-debugging-port=0",
-            "--use-fake-ui-for-media-stream",
             "--use-fake-device-for-media-stream",
         ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!(
-            "--use-file-for-fake-audio-capture={}",
-            mic_wav.display()
-        ))
-        .args(extra_flags)
-        .arg("about:blank")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .arg(format!("--user-data-dir={}", profile.path().display()));
+        match mic {
+            Mic::Wav(wav) => {
+                cmd.arg("--use-fake-ui-for-media-stream").arg(format!(
+                    "--use-file-for-fake-audio-capture={}",
+                    wav.display()
+                ));
+            }
+            Mic::Denied => {
+                cmd.arg("--deny-permission-prompts");
+            }
+        }
+        cmd.args(extra_flags)
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start `{}` ({e}): install it with `scripts/setup --tests` (Debian package chromium)",
@@ -121,10 +141,13 @@ impl Browser {
         let rest = url.strip_prefix("ws://").expect("a ws:// DevTools URL");
         let host = rest.split('/').next().expect("host:port");
         let tcp = TcpStream::connect(host).expect("connecting to DevTools");
-        tcp.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
+        tcp.set_read_timeout(Some(COMMAND_TIMEOUT)).unwrap();
         tcp.set_write_timeout(Some(COMMAND_TIMEOUT)).unwrap();
         let (ws, _) = tungstenite::client(url.as_str(), tcp).expect("DevTools WebSocket");
+        // Short reads from now on: `send` loops over them up to its deadline.
+        ws.get_ref()
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         let mut b = Browser {
             child,
             ws,

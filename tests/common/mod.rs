@@ -103,17 +103,13 @@ impl Write for ClientStream {
     }
 }
 
-/// A TLS client configuration that trusts exactly `roots` (ring provider,
+/// A TLS client configuration that trusts exactly `root` (ring provider,
 /// as the daemon uses).
-pub fn tls_client(
-    roots: &[rustls::pki_types::CertificateDer<'static>],
-) -> Arc<rustls::ClientConfig> {
+pub fn tls_client(root: &rustls::pki_types::CertificateDer<'static>) -> Arc<rustls::ClientConfig> {
     let mut store = rustls::RootCertStore::empty();
-    for r in roots {
-        store
-            .add(r.clone())
-            .expect("adding a test root certificate");
-    }
+    store
+        .add(root.clone())
+        .expect("adding a test root certificate");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
