@@ -14,6 +14,10 @@
 //! - `listen.token`: the page asks for the token, the browser's WebSocket is
 //!   refused without it and accepted with it (`auth_id`), the form and
 //!   `?token=` both start a session, and the token never reaches the log.
+//! - A denied microphone and a daemon that dies under the session are said
+//!   in words.
+//! - A model with a conditioner (the Hibiki fixture): its values and
+//!   `cfg_coef` are offered and reach the daemon.
 //!
 //! Each test holds one browser at a time (about 6–12 s each; see README).
 
@@ -372,4 +376,46 @@ fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
         "{v:#}"
     );
     assert_eq!(session(&v)["state"], "ended");
+}
+
+#[test]
+fn a_model_with_a_conditioner_offers_its_values_and_cfg_coef() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/hibiki-tiny");
+    let model = fixture.to_str().expect("UTF-8 path");
+    let config = r#"{"session": {"drain_max_frames": 6}}"#;
+    let d = Daemon::start(&["--model", model], Some(config));
+    let mut b = Browser::launch(&voice(&d), &[]);
+    b.navigate(&d.url("/"));
+    let v = b.wait_for("the page to be ready", PAGE_TIMEOUT, SNAPSHOT, |v| {
+        v["connectEnabled"] == true
+    });
+    assert_eq!(v["model"]["name"], "hibiki-tiny", "{v:#}");
+    assert_eq!(v["model"]["type"], "hibiki");
+    assert_eq!(v["model"]["frames_before_output"], 2);
+    let offered = b.eval(
+        "[...document.querySelector('select[name=\"condition.description\"]').options].map(o => o.value)",
+    );
+    assert_eq!(
+        offered,
+        serde_json::json!(["", "very_bad", "bad", "neutral", "good", "very_good"])
+    );
+    assert_eq!(b.eval("document.getElementById('cfg-row').hidden"), false);
+    // Choose a value and a guidance coefficient; the daemon takes them (a
+    // bad one would end the session with `bad_parameters`).
+    b.eval(
+        "document.querySelector('select[name=\"condition.description\"]').value = 'very_good';
+         document.querySelector('input[name=cfg_coef]').value = '3'",
+    );
+    b.click("#connect");
+    wait_played(&mut b, 1_000);
+    let url = b.eval("window.moshid.last.ws.url");
+    let url = url.as_str().unwrap_or_default();
+    assert!(
+        url.contains("condition.description=very_good") && url.contains("cfg_coef=3"),
+        "{url}"
+    );
+    let done = hang_up(&mut b);
+    assert_recorded(&done, 10);
+    let answered = num(&session(&done)["answeredFrames"]);
+    assert!(answered >= 10, "{done:#}");
 }
