@@ -509,6 +509,7 @@ class Session {
       showError(`Connection lost (WebSocket closed with code ${e.code}${e.reason ? ": " + e.reason : ""}).`);
     }
     setStatus(this.record ? "Session ended" : wasLive ? "Disconnected" : "Not connected");
+    render();
     // Let what is buffered play out, then free the audio device.
     setTimeout(() => this.ctx && this.ctx.close().catch(() => {}), 1500);
     session = null;
@@ -650,7 +651,8 @@ document.addEventListener("pointerdown", () => {
   if (session && session.ctx && session.ctx.state === "suspended") session.ctx.resume();
 });
 
-setInterval(() => {
+// The meters, four times a second and once more when a session ends.
+function render() {
   const s = session || window.moshid.last;
   if (!s) return;
   const snap = s.snapshot();
@@ -659,7 +661,8 @@ setInterval(() => {
   ui.buffer.textContent = s.ctx ? `${snap.bufferedMs} ms (target ${snap.targetMs} ms, ${snap.underruns} underruns)` : "–";
   ui.frames.textContent = `${snap.sentFrames} / ${snap.answeredFrames} frames`;
   ui.played.textContent = `${(snap.playedMs / 1000).toFixed(1)} s` + (snap.blockedMs ? ` (${(snap.blockedMs / 1000).toFixed(1)} s muted by the browser)` : "");
-}, 250);
+}
+setInterval(render, 250);
 
 window.moshid = {
   last: null,
