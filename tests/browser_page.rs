@@ -60,6 +60,18 @@ fn wait_played(b: &mut Browser, ms: u64) -> Value {
     )
 }
 
+/// Waits for the page to say something in its error box; returns the snapshot.
+fn wait_error(b: &mut Browser) -> Value {
+    b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
+        v["errors"].as_array().is_some_and(|e| !e.is_empty())
+    })
+}
+
+/// The first thing the page said in its error box.
+fn first_error(v: &Value) -> &str {
+    v["errors"][0].as_str().unwrap_or_default()
+}
+
 /// Clicks "Hang up" and waits for the record; returns the last snapshot.
 fn hang_up(b: &mut Browser) -> Value {
     b.click("#hangup");
@@ -165,9 +177,8 @@ fn a_full_server_shows_its_message() {
     let holder = ChatClient::start(d.addr, "");
     let mut b = Browser::launch(&voice(&d), &[]);
     b.navigate(&d.url("/?start=1"));
-    let v = b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
-        v["errors"].as_array().is_some_and(|e| !e.is_empty()) && session(v)["state"] == "ended"
-    });
+    let v = wait_error(&mut b);
+    assert_eq!(session(&v)["state"], "ended", "{v:#}");
     let shown = b.eval("document.getElementById('error').textContent");
     let shown = shown.as_str().unwrap_or_default();
     assert!(
@@ -350,13 +361,9 @@ fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
     {
         let mut b = Browser::launch_with(Mic::Denied, &[]);
         b.navigate(&d.url("/?start=1"));
-        let v = b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
-            v["errors"].as_array().is_some_and(|e| !e.is_empty())
-        });
+        let v = wait_error(&mut b);
         assert!(
-            v["errors"][0]
-                .as_str()
-                .is_some_and(|e| e.starts_with("Microphone access was denied")),
+            first_error(&v).starts_with("Microphone access was denied"),
             "{v:#}"
         );
         assert_eq!(v["connectEnabled"], true, "{v:#}");
@@ -366,15 +373,8 @@ fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
     wait_played(&mut b, 1_000);
     // The daemon dies under the session.
     d.signal("KILL");
-    let v = b.wait_for("an error on the page", PAGE_TIMEOUT, SNAPSHOT, |v| {
-        v["errors"].as_array().is_some_and(|e| !e.is_empty())
-    });
-    assert!(
-        v["errors"][0]
-            .as_str()
-            .is_some_and(|e| e.starts_with("Connection lost")),
-        "{v:#}"
-    );
+    let v = wait_error(&mut b);
+    assert!(first_error(&v).starts_with("Connection lost"), "{v:#}");
     assert_eq!(session(&v)["state"], "ended");
 }
 
