@@ -27,4 +27,6 @@ pub mod runtime;
 pub mod session;
 pub mod systemd;
 pub mod telephony;
+pub mod tls;
 pub mod transport;
+pub mod web;

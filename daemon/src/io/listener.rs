@@ -10,16 +10,20 @@
 //! IP address on each core (`listen.max_connections_per_ip`, counted per
 //! core: a client may hold that many on every core) with a table that never
 //! holds more entries than there are open connections; a request head must arrive within
-//! `listen.head_timeout_ms`; control endpoints other than `/health` and
-//! `/ready` need the bearer token when one is configured, compared in
-//! constant time. `GET /metrics` serves Prometheus text; `POST
+//! `listen.head_timeout_ms` (after the TLS handshake, which has its own
+//! `listen.tls_handshake_timeout_ms` and runs in the connection's task, not
+//! in the accept loop); endpoints other than `/health`, `/ready` and the
+//! page need the bearer token when one is configured (WebSocket upgrades may
+//! carry it as the `auth_id` query parameter, as browsers cannot set
+//! headers), compared in constant time and never logged. `GET /metrics` serves Prometheus text; `POST
 //! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
 //! at run time (unless `metrics.runtime_switch` is false).
 
 use super::app::CoreApp;
+use super::conn::Conn;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::transport::ws_chat;
-use glommio::net::{TcpListener, TcpStream};
+use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -195,6 +199,22 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
         let app = app.clone();
         glommio::spawn_local(async move {
             let _guard = guard;
+            let stream = match &app.shared.tls {
+                None => Conn::Plain(stream),
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(crate::tls::Accepted::Tls(s)) => s,
+                    Ok(crate::tls::Accepted::Plaintext(s)) => {
+                        let timeout =
+                            Duration::from_millis(app.shared.config.listen.head_timeout_ms);
+                        crate::tls::answer_plaintext(s, &limits(&app), timeout).await;
+                        return;
+                    }
+                    Err(e) => {
+                        crate::tls::note_handshake_failure(app.ctx.core, peer.ip(), &e);
+                        return;
+                    }
+                },
+            };
             handle_connection(stream, app).await;
         })
         .detach();
@@ -218,15 +238,35 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The query parameter that carries the token on a WebSocket upgrade.
+const AUTH_QUERY_KEY: &str = "auth_id";
+
 fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
     let Some(token) = app.shared.config.listen.token.as_deref() else {
         return true;
     };
-    let given = head.bearer_token().or_else(|| head.api_key());
-    given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
+    let ok = |g: &str| constant_time_eq(g.as_bytes(), token.as_bytes());
+    if let Some(g) = head.bearer_token().or_else(|| head.api_key()) {
+        return ok(g);
+    }
+    // Browsers cannot set headers on a WebSocket: Kyutai's server takes the
+    // token from `auth_id` there, and so does this one (upgrades only, so a
+    // token in a URL is never needed for anything else).
+    head.is_websocket_upgrade()
+        && head.query_pairs().is_ok_and(|q| {
+            q.iter()
+                .any(|(k, v)| k == AUTH_QUERY_KEY && !v.is_empty() && ok(v))
+        })
 }
 
-async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
+/// A session's query parameters, less the token.
+fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError> {
+    let mut q = head.query_pairs()?;
+    q.retain(|(k, _)| k != AUTH_QUERY_KEY);
+    Ok(q)
+}
+
+async fn handle_connection(mut stream: Conn, app: CoreApp) {
     let limits = limits(&app);
     let mut buf = Vec::new();
     let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
@@ -240,7 +280,8 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
             return;
         }
     };
-    let public = matches!(head.path.as_str(), "/health" | "/ready");
+    let public =
+        matches!(head.path.as_str(), "/health" | "/ready") || crate::web::is_public(&head.path);
     if !public && !authorized(&app, &head) {
         let _ = http::write_error(&mut stream, 401, "missing or wrong bearer token").await;
         return;
@@ -249,7 +290,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
     match result {
         Ok(Route::Done) => {}
         Ok(Route::Chat) => {
-            let query = match head.query_pairs() {
+            let query = match session_query(&head) {
                 Ok(q) => q,
                 Err(e) => {
                     let _ = http::respond_error(&mut stream, &e).await;
@@ -265,7 +306,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
             }
         }
         Ok(Route::MediaStream) => {
-            let query = match head.query_pairs() {
+            let query = match session_query(&head) {
                 Ok(q) => q,
                 Err(e) => {
                     let _ = http::respond_error(&mut stream, &e).await;
@@ -293,7 +334,7 @@ enum Route {
 }
 
 async fn route(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
     buf: &mut Vec<u8>,
@@ -394,6 +435,10 @@ async fn route(
         }
         (_, path) if crate::transport::rtp::control::owns(path) => {
             crate::transport::rtp::control::handle(stream, app, head, buf, limits).await?;
+            Ok(Route::Done)
+        }
+        (_, path) if crate::web::owns(path) => {
+            crate::web::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
         (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {

@@ -2,6 +2,7 @@
 //! mailboxes, and the loop that routes the engine's records.
 
 pub mod app;
+pub mod conn;
 pub mod core;
 pub mod listener;
 pub mod mailbox;
