@@ -521,6 +521,8 @@ int moshid_emu_launch(emu::thunk_t thunk, const unsigned* grid, unsigned block, 
         emu_ctx.block_idx.x = (unsigned)(b % grid[0]);
         emu_ctx.block_idx.y = (unsigned)((b / grid[0]) % grid[1]);
         emu_ctx.block_idx.z = (unsigned)(b / ((unsigned long long)grid[0] * grid[1]));
+        // A new block: its shared memory is poisoned anew (EMU_SHARED_POISON).
+        ++emu_ctx.block_serial;
         if (!run_block(s, order)) {
             char m[700];
             snprintf(m, sizeof m, "block (%u, %u, %u): %s", emu_ctx.block_idx.x, emu_ctx.block_idx.y,

@@ -33,7 +33,7 @@ fn issue_step(dev: &mut EmuDevice, s: &StepBufs) {
         a_type: DType::F32,
         lda: GK,
         b: s.w,
-        b_type: DType::Bf16,
+        b_type: DType::F32,
         ldb: GK,
         c: s.y,
         c_type: DType::F32,
@@ -50,7 +50,7 @@ fn issue_step(dev: &mut EmuDevice, s: &StepBufs) {
 }
 
 fn step_bufs(dev: &mut EmuDevice) -> StepBufs {
-    let w: Vec<u16> = det(GN * GK, 8.0).iter().map(|&v| bf16(v)).collect();
+    let w = det(GN * GK, 8.0);
     StepBufs {
         hin: dev.alloc_host(GM * GK * 4).unwrap(),
         hout: dev.alloc_host(4 + (GM + 1) * GN * 4).unwrap(),

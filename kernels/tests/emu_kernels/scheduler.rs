@@ -279,3 +279,39 @@ fn emulator_speed() {
         spin_switches as f64 / spin.as_secs_f64() / 1e6
     );
 }
+
+#[test]
+fn shared_memory_is_poisoned_at_every_block_start() {
+    // What no thread of a block wrote reads as the poison, in every block
+    // (never the value the previous block left), in every order.
+    use moshid_kernels::device::emu::POISON;
+    for order in [Order::Reverse, Order::Forward, Order::Shuffled(3)] {
+        let mut dev = EmuDevice::new();
+        dev.set_order(order);
+        let (blocks, threads) = (3usize, 64usize);
+        let out = zeros::<i32>(&mut dev, blocks * threads + blocks);
+        dev.launch(
+            k(&dev, "emu_selftest_unwritten_shared"),
+            (blocks as u32, 1, 1),
+            threads as u32,
+            &[Arg::Ptr(out)],
+        )
+        .unwrap();
+        let got = down::<i32>(&mut dev, out, blocks * threads + blocks);
+        for b in 0..blocks {
+            for t in 0..threads {
+                let want = if (t + b) % 2 == 0 {
+                    (t + 1000 * b) as i32
+                } else {
+                    POISON as i32
+                };
+                assert_eq!(got[b * threads + t], want, "{order:?} block {b} thread {t}");
+            }
+            // Float shared memory reads as NaN (and NaN stays NaN).
+            assert!(
+                f32::from_bits(got[blocks * threads + b] as u32).is_nan(),
+                "{order:?}"
+            );
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //! low bytes; a kernel that fails at run time leaves the device faulted.
 
 use super::{ffi, EmuDevice};
-use crate::device::{Arg, DeviceError, DeviceResult};
+use crate::device::{describe_args, Arg, DevPtr, DeviceError, DeviceResult};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
@@ -106,6 +106,14 @@ impl Order {
 pub(super) const MAX_LAUNCH_ARGS: usize = 32;
 
 impl EmuDevice {
+    /// The allocation (start, bytes) at or before `p`, if any.
+    pub(super) fn alloc_at(&self, p: DevPtr) -> Option<(DevPtr, usize)> {
+        self.allocs
+            .range(..=p)
+            .next_back()
+            .map(|(&b, a)| (b, a.bytes))
+    }
+
     /// Runs a validated launch.
     pub(super) fn run(
         &mut self,
@@ -163,7 +171,11 @@ impl EmuDevice {
         if rc != 0 {
             // SAFETY: the runtime wrote a NUL-terminated message into err.
             let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-            let msg = format!("{}<<<{grid:?}, {block}>>>: {msg}", k.name);
+            let msg = format!(
+                "`{}`<<<{grid:?}, {block}>>>{}: {msg}",
+                k.name,
+                describe_args(args, &|p| self.alloc_at(p))
+            );
             self.fault = Some(msg.clone());
             return Err(DeviceError::Call {
                 call: "emulator launch",
