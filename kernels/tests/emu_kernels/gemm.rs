@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn put_matrix(dev: &mut EmuDevice, v: &[f32], t: DType) -> (DevPtr, Vec<f32>) {
+fn put_matrix(dev: &mut dyn Device, v: &[f32], t: DType) -> (DevPtr, Vec<f32>) {
     match t {
         DType::F32 => (up(dev, v), v.to_vec()),
         DType::Bf16 => {
@@ -21,7 +21,7 @@ fn gemm_in_every_dtype_combination_cublas_computes() {
     for at in types {
         for bt in types {
             for ct in types {
-                let mut dev = EmuDevice::new();
+                let mut dev = device();
                 let (da, a) = put_matrix(&mut dev, &det(m * lda, 1.0), at);
                 let (db, b) = put_matrix(&mut dev, &det(n * ldb, 2.0), bt);
                 let c0 = det(m * ldc, 3.0);
@@ -87,7 +87,7 @@ fn gemm_in_every_dtype_combination_cublas_computes() {
         }
     }
     // beta = 0: C is not read (NaN in C does not leak).
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let da = up(&mut dev, &[1.0f32, 2.0]);
     let db = up(&mut dev, &[3.0f32, 4.0]);
     let dc = up(&mut dev, &[f32::NAN]);
@@ -123,7 +123,7 @@ fn gemm_in_every_dtype_combination_cublas_computes() {
 fn c_overlapping_a_or_b_is_refused() {
     // Undefined in cuBLAS, so refused by the checks both devices share;
     // A and B may share memory.
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let buf = up(&mut dev, &det(64, 1.0));
     let g = Gemm {
         m: 2,

@@ -452,4 +452,43 @@ mod tests {
             Err(e) => eprintln!("skipped: a driver is present but the device did not open: {e}"),
         }
     }
+
+    /// The runbook's first step: the device opens (context, stream, every
+    /// module compiled and loaded, cuBLAS), and says how.
+    #[test]
+    #[ignore = "needs a GPU (scripts/gpu-check)"]
+    fn the_device_opens_and_reports() {
+        let t = std::time::Instant::now();
+        let d = CudaDevice::open(0, &CudaOpenOptions::from_test_env()).expect("opening CUDA device 0");
+        let (free, total) = d.memory().unwrap();
+        println!(
+            "opened {} in {:.1} s: compute capability {}.{}, kernels for {}, driver CUDA {}.{}, \
+             {:.1} of {:.1} GiB free, debug_sync {}",
+            d.name(),
+            t.elapsed().as_secs_f64(),
+            d.compute_capability().0,
+            d.compute_capability().1,
+            d.arch(),
+            d.driver_version() / 1000,
+            d.driver_version() % 1000 / 10,
+            free as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            d.debug_sync(),
+        );
+        for line in d.load_report() {
+            println!("  {line}");
+        }
+        assert_eq!(d.load_report().len(), crate::compile::MODULES.len());
+        let n: usize = crate::compile::MODULES.iter().map(|m| m.kernels.len()).sum();
+        for m in crate::compile::MODULES {
+            for k in m.kernels {
+                d.kernel(k).unwrap();
+            }
+        }
+        println!("  {n} kernels resolved");
+        // A second open reads the kernel cache the first one wrote.
+        let t = std::time::Instant::now();
+        drop(CudaDevice::open(0, &CudaOpenOptions::from_test_env()).unwrap());
+        println!("reopened from the kernel cache in {:.2} s", t.elapsed().as_secs_f64());
+    }
 }

@@ -90,6 +90,13 @@ pub enum Order {
     Forward,
     /// A pseudo-random permutation per pass, from this seed.
     Shuffled(u32),
+    /// One warp at a time, warps in a pseudo-random order per pass from this
+    /// seed, each running as far as it can (through its warp operations, up
+    /// to a block barrier) before the next starts: as warps drift apart on a
+    /// GPU. Shows a warp that overwrites shared memory another warp has yet
+    /// to read (a missing `__syncthreads` between two uses of one buffer),
+    /// which the lane-by-lane orders cannot.
+    WarpsAhead(u32),
 }
 
 impl Order {
@@ -97,7 +104,8 @@ impl Order {
         match self {
             Order::Reverse => 0,
             Order::Forward => 1,
-            Order::Shuffled(seed) => 2 + seed % (u32::MAX - 2),
+            Order::Shuffled(seed) => 2 + seed % (0x7fff_fffd),
+            Order::WarpsAhead(seed) => 0x8000_0000 | (2 + seed % 0x7fff_fffd),
         }
     }
 }
