@@ -24,8 +24,8 @@
 mod common;
 
 use common::compare::{compare, outputs, params, SLOTS};
-use common::fixtures::fixture_dirs;
 use common::device::{open, Kind};
+use common::fixtures::fixture_dirs;
 use moshid_kernels::device::Device;
 use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
 use moshid_kernels::ops::attention::KvType;
@@ -68,7 +68,11 @@ fn cuda_f32_model_matches_the_cpu_backend() {
         for graphs in [false, true] {
             let mut gpu = model(&d, Precision::F32, KvDtype::F32, graphs);
             let a = compare(&dir, &mut gpu);
-            agreement(&dir, &format!("f32 graphs {}", if graphs { "on" } else { "off" }), &a);
+            agreement(
+                &dir,
+                &format!("f32 graphs {}", if graphs { "on" } else { "off" }),
+                &a,
+            );
             assert!(a.outputs > 0, "no output compared");
             assert!(a.exact_within(1e-4), "{}: {a}", dir.display());
         }
@@ -94,12 +98,18 @@ fn cuda_bf16_model_tracks_the_cpu_backend() {
 #[ignore = "needs a GPU (scripts/gpu-check)"]
 fn cuda_lm_reproduces_the_lm_fixtures() {
     for dir in fixture_dirs("lm_config.json") {
-        let a = common::lm_golden::run(&dir, || device(Precision::F32), Precision::F32, KvType::F32);
+        let a =
+            common::lm_golden::run(&dir, || device(Precision::F32), Precision::F32, KvType::F32);
         agreement(&dir, "LM f32", &a);
         assert_eq!(a.agree, a.entries, "{}: {a}", dir.display());
         assert!(a.logits_rel <= 1e-4, "{}: {a}", dir.display());
         assert_eq!(a.reuse_mismatches, 0, "{}: {a}", dir.display());
-        let b = common::lm_golden::run(&dir, || device(Precision::Bf16), Precision::Bf16, KvType::Bf16);
+        let b = common::lm_golden::run(
+            &dir,
+            || device(Precision::Bf16),
+            Precision::Bf16,
+            KvType::Bf16,
+        );
         agreement(&dir, "LM bf16", &b);
     }
 }
@@ -121,8 +131,16 @@ fn cuda_graphs_replay_what_direct_launches_do() {
         agreement(
             &dir,
             "bf16 graphs vs direct",
-            &format!("{} outputs, {}", a.len(), if same { "identical" } else { "DIFFERENT" }),
+            &format!(
+                "{} outputs, {}",
+                a.len(),
+                if same { "identical" } else { "DIFFERENT" }
+            ),
         );
-        assert!(same, "{}: graph replay differs from direct launches", dir.display());
+        assert!(
+            same,
+            "{}: graph replay differs from direct launches",
+            dir.display()
+        );
     }
 }

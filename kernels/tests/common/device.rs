@@ -43,7 +43,8 @@ pub fn open(default: Kind, fmad: bool) -> Box<dyn Device> {
                 fmad,
                 ..CudaOpenOptions::from_test_env()
             };
-            let d = CudaDevice::open(0, &opts).unwrap_or_else(|e| panic!("opening CUDA device 0: {e}"));
+            let d =
+                CudaDevice::open(0, &opts).unwrap_or_else(|e| panic!("opening CUDA device 0: {e}"));
             Box::new(d)
         }
     }

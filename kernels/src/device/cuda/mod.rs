@@ -459,7 +459,8 @@ mod tests {
     #[ignore = "needs a GPU (scripts/gpu-check)"]
     fn the_device_opens_and_reports() {
         let t = std::time::Instant::now();
-        let d = CudaDevice::open(0, &CudaOpenOptions::from_test_env()).expect("opening CUDA device 0");
+        let d =
+            CudaDevice::open(0, &CudaOpenOptions::from_test_env()).expect("opening CUDA device 0");
         let (free, total) = d.memory().unwrap();
         println!(
             "opened {} in {:.1} s: compute capability {}.{}, kernels for {}, driver CUDA {}.{}, \
@@ -479,7 +480,10 @@ mod tests {
             println!("  {line}");
         }
         assert_eq!(d.load_report().len(), crate::compile::MODULES.len());
-        let n: usize = crate::compile::MODULES.iter().map(|m| m.kernels.len()).sum();
+        let n: usize = crate::compile::MODULES
+            .iter()
+            .map(|m| m.kernels.len())
+            .sum();
         for m in crate::compile::MODULES {
             for k in m.kernels {
                 d.kernel(k).unwrap();
@@ -489,6 +493,9 @@ mod tests {
         // A second open reads the kernel cache the first one wrote.
         let t = std::time::Instant::now();
         drop(CudaDevice::open(0, &CudaOpenOptions::from_test_env()).unwrap());
-        println!("reopened from the kernel cache in {:.2} s", t.elapsed().as_secs_f64());
+        println!(
+            "reopened from the kernel cache in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     }
 }
