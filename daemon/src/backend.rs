@@ -195,6 +195,20 @@ mod tests {
     }
 
     #[test]
+    fn debug_sync_steps_without_graphs_and_says_so() {
+        let mut config = Config::default();
+        config.model.cuda.debug_sync = true;
+        config.model.max_slots = Some(2);
+        config.model.cuda.memory_reserve_mib = 1;
+        let built = gpu(&config, &fixture(), EmuDevice::new()).unwrap();
+        assert!(
+            built.description.contains("graphs off, debug_sync"),
+            "{}",
+            built.description
+        );
+    }
+
+    #[test]
     fn configured_slots_that_do_not_fit_are_refused_naming_the_key() {
         let dir = fixture();
         let mut config = Config::default();
