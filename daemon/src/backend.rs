@@ -36,6 +36,7 @@ fn open_device(config: &Config, cache: &Path) -> Result<CudaDevice, DeviceError>
     let opts = CudaOpenOptions {
         include_dirs: c.include_dirs.clone(),
         cache_dir: Some(c.ptx_cache_dir.clone().unwrap_or_else(|| cache.join("ptx"))),
+        debug_sync: c.debug_sync,
         ..CudaOpenOptions::default()
     };
     CudaDevice::open(c.device, &opts)
@@ -131,11 +132,19 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
         }
     };
     eprintln!("<6>backend: cuda on {name}: building for {slots} slots ({how})");
+    // A captured launch runs only when its graph does, where no sync can
+    // follow it: debug-sync steps launch by launch.
+    let graphs = c.graphs && !c.debug_sync;
+    if c.debug_sync {
+        eprintln!(
+            "<4>backend: model.cuda.debug_sync: every launch and GEMM is synchronised and graphs are off (slow; for finding a failing kernel)"
+        );
+    }
     let opts = GpuOptions {
         max_slots: slots,
         precision,
         kv,
-        graphs: c.graphs,
+        graphs,
         ..GpuOptions::default()
     };
     let model = GpuModel::load(dev, dir, &opts)
@@ -143,8 +152,9 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
     Ok(Built {
         model: Box::new(model),
         description: format!(
-            "cuda ({name}; {precision:?} weights, {kv:?} KV cache, graphs {}; {slots} slots, {how})",
-            if c.graphs { "on" } else { "off" }
+            "cuda ({name}; {precision:?} weights, {kv:?} KV cache, graphs {}{}; {slots} slots, {how})",
+            if graphs { "on" } else { "off" },
+            if c.debug_sync { ", debug_sync" } else { "" }
         ),
     })
 }
@@ -179,6 +189,20 @@ mod tests {
         );
         assert!(
             built.description.contains("GiB free"),
+            "{}",
+            built.description
+        );
+    }
+
+    #[test]
+    fn debug_sync_steps_without_graphs_and_says_so() {
+        let mut config = Config::default();
+        config.model.cuda.debug_sync = true;
+        config.model.max_slots = Some(2);
+        config.model.cuda.memory_reserve_mib = 1;
+        let built = gpu(&config, &fixture(), EmuDevice::new()).unwrap();
+        assert!(
+            built.description.contains("graphs off, debug_sync"),
             "{}",
             built.description
         );

@@ -120,6 +120,10 @@ pub struct CudaConfig {
     /// Folders holding CUDA's headers (`cuda_bf16.h`) for NVRTC; empty:
     /// `$MOSHID_CUDA_INCLUDE`, `$CUDA_HOME/include`, `/usr/local/cuda/include`.
     pub include_dirs: Vec<PathBuf>,
+    /// Synchronise after every kernel launch and GEMM, so that a failing
+    /// kernel is named with its grid, block and arguments; turns graphs off.
+    /// For finding a fault, not for serving (every step pays the waits).
+    pub debug_sync: bool,
 }
 
 impl Default for CudaConfig {
@@ -132,6 +136,7 @@ impl Default for CudaConfig {
             memory_reserve_mib: 4096,
             ptx_cache_dir: None,
             include_dirs: Vec::new(),
+            debug_sync: false,
         }
     }
 }

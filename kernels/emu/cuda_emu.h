@@ -14,8 +14,12 @@
 // - __shared__ is `static __thread`: one copy per OS thread, shared by the
 //   fibers of the block being run on it (blocks of a launch run one after
 //   another on the launching thread, so "per block" holds; two devices used
-//   from two OS threads at once do not share it). Like CUDA shared memory it
-//   is not cleared between blocks;
+//   from two OS threads at once do not share it). CUDA leaves shared memory
+//   undefined at the start of a block; here every variable is filled with a
+//   garbage pattern (NaN as f32 and as bf16 high halves, a large negative
+//   int, a huge double: EMU_SHARED_POISON, which build.rs places after each
+//   declaration) by the first thread of each block that reaches it, so a
+//   read of what no thread of the block wrote shows;
 // - threadIdx / blockIdx / blockDim / gridDim read the scheduler's per-thread
 //   context (emu_runtime.cpp sets threadIdx before every switch to a fiber);
 // - __syncthreads, __syncwarp and the warp shuffles call into the fiber
@@ -61,6 +65,9 @@ struct emu_ctx_t {
     uint3 block_idx;
     uint3 block_dim;
     uint3 grid_dim;
+    // Counts the blocks run on this OS thread (from 1): tells the first
+    // thread of a block to reach a __shared__ declaration that it is first.
+    unsigned long long block_serial;
 };
 extern __thread emu_ctx_t emu_ctx;
 
@@ -86,6 +93,27 @@ uint64_t emu_shuffle(unsigned mask, uint64_t bits, int src);
 // caller runs the kernel again), 0 when the caller must return.
 int emu_thread_exit(void);
 }
+
+// The pattern shared memory holds at the start of every block.
+#define EMU_SHARED_POISON_WORD 0xffbad0ffu
+
+// Fills a shared variable with the pattern, word by word from its start.
+__forceinline__ void emu_shared_poison(void* p, size_t bytes) {
+    unsigned char* b = (unsigned char*)p;
+    const unsigned w = EMU_SHARED_POISON_WORD;
+    for (size_t i = 0; i < bytes; ++i) b[i] = (unsigned char)(w >> (8 * (i % 4)));
+}
+
+// After a __shared__ declaration (build.rs puts it there): poisons the
+// variable once per block, when the block's first thread gets to it.
+#define EMU_SHARED_POISON(v)                                  \
+    do {                                                      \
+        static __thread unsigned long long emu_poisoned_in_;  \
+        if (emu_poisoned_in_ != emu_ctx.block_serial) {       \
+            emu_poisoned_in_ = emu_ctx.block_serial;          \
+            emu_shared_poison(&(v), sizeof(v));               \
+        }                                                     \
+    } while (0)
 
 #define EMU_STR2(x) #x
 #define EMU_STR(x) EMU_STR2(x)

@@ -17,6 +17,11 @@
 // between a write by a low thread and a read by a high one shows up), forward
 // order, or a seeded shuffle drawn anew for every pass. Blocks follow the
 // same order, so a kernel that depends on the order of its blocks shows too.
+// "Warps ahead" runs one warp at a time, in a seeded order, each as far as it
+// goes (through its warp shuffles, up to a __syncthreads): on a GPU warps
+// drift apart between block barriers, so a warp may overwrite shared memory
+// that another has not read yet — which lane-by-lane passes never show,
+// since every warp operation holds a warp's lanes together.
 //
 // Fiber switches are a few instructions of assembly on x86-64 (callee-saved
 // registers and the stack pointer); other architectures use ucontext, which
@@ -86,6 +91,8 @@ struct Sched {
     std::vector<unsigned> order;
     std::vector<unsigned> free_stacks;
     unsigned pass_pos = 0;  // position in `order` of the pass being run
+    bool ahead = false;     // warps ahead (see permute)
+    std::vector<unsigned> warp_order;
 #if EMU_ASM_SWITCH
     void* main_sp = nullptr;
 #else
@@ -340,9 +347,32 @@ uint64_t next_rand(Sched* s) {
     return z ^ (z >> 31);
 }
 
-// order: 0 reverse, 1 forward, other values seed a fresh shuffle per pass.
+// order: 0 reverse, 1 forward, other values seed a fresh shuffle per pass;
+// with the high bit (warps ahead) the warps are shuffled and each warp's
+// lanes run from the highest down, one warp after another (run_block then
+// runs each warp as far as it can before the next one starts).
+constexpr unsigned kWarpsAhead = 0x80000000u;
+
 void permute(Sched* s, unsigned order, std::vector<unsigned>& v, unsigned n) {
     v.resize(n);
+    if (order & kWarpsAhead) {
+        const unsigned nw = (n + 31) / 32;
+        std::vector<unsigned>& w = s->warp_order;
+        w.resize(nw);
+        for (unsigned i = 0; i < nw; ++i) w[i] = i;
+        for (unsigned i = nw; i > 1; --i) {
+            const unsigned j = (unsigned)(next_rand(s) % i);
+            const unsigned t = w[i - 1];
+            w[i - 1] = w[j];
+            w[j] = t;
+        }
+        unsigned k = 0;
+        for (unsigned i = 0; i < nw; ++i) {
+            const unsigned lo = w[i] * 32, hi = lo + 32 < n ? lo + 32 : n;
+            for (unsigned t = hi; t > lo; --t) v[k++] = t - 1;
+        }
+        return;
+    }
     for (unsigned i = 0; i < n; ++i) v[i] = order == 0 ? n - 1 - i : i;
     if (order >= 2)
         for (unsigned i = n; i > 1; --i) {
@@ -351,6 +381,14 @@ void permute(Sched* s, unsigned order, std::vector<unsigned>& v, unsigned n) {
             v[i - 1] = v[j];
             v[j] = t;
         }
+}
+
+// Whether a lane of warp w is ready to run.
+bool warp_ready(const Sched* s, unsigned w) {
+    const unsigned lo = w * 32, hi = lo + 32 < s->n ? lo + 32 : s->n;
+    for (unsigned t = lo; t < hi; ++t)
+        if (s->fibers[t].st == READY) return true;
+    return false;
 }
 
 bool run_block(Sched* s, unsigned order) {
@@ -375,17 +413,31 @@ bool run_block(Sched* s, unsigned order) {
         bool ran = false;
         if (order >= 2 || s->order.size() != s->n) permute(s, order, s->order, s->n);
         // A fiber may run several fresh threads of the pass in a row (it
-        // advances pass_pos): see fiber_main.
+        // advances pass_pos): see fiber_main. Warps ahead: at the end of a
+        // warp's stretch of the order, its lanes run again while any is
+        // ready (past its shuffles, up to a block barrier or its end).
+        unsigned seg = 0;
         for (s->pass_pos = 0; s->pass_pos < s->n; ++s->pass_pos) {
             const unsigned i = s->order[s->pass_pos];
             Fiber& f = s->fibers[i];
-            if (f.st != READY) continue;
-            if (f.started)
-                resume_fiber(s, i);
-            else
-                start_fiber(s, i);
-            ran = true;
-            if (s->failed) return false;
+            if (f.st == READY) {
+                if (f.started)
+                    resume_fiber(s, i);
+                else
+                    start_fiber(s, i);
+                ran = true;
+                if (s->failed) return false;
+            }
+            if (s->ahead) {
+                const unsigned p = s->pass_pos, w = s->order[p] >> 5;
+                if (p + 1 == s->n || (s->order[p + 1] >> 5) != w) {
+                    if (warp_ready(s, w)) {
+                        s->pass_pos = seg - 1;  // the loop's ++ brings it to seg
+                        continue;
+                    }
+                    seg = p + 1;
+                }
+            }
         }
         if (s->live == 0) return true;
         if (s->at_barrier == s->live) {
@@ -447,6 +499,8 @@ extern "C" int emu_thread_exit(void) {
     const unsigned k = s->pass_pos + 1;
     if (s->failed || k >= s->n) return 0;
     const unsigned next = s->order[k];
+    // Warps ahead: never start another warp's thread before this warp is done.
+    if (s->ahead && (next >> 5) != (t >> 5)) return 0;
     Fiber& g = s->fibers[next];
     if (g.started || g.st != READY) return 0;
     // Hand the stack over.
@@ -489,6 +543,7 @@ int moshid_emu_launch(emu::thunk_t thunk, const unsigned* grid, unsigned block, 
     s->failed = false;
     s->msg[0] = 0;
     s->rng = order;
+    s->ahead = (order & kWarpsAhead) != 0;
     s->order.clear();
     emu_ctx.block_dim = {block, 1, 1};
     emu_ctx.grid_dim = {grid[0], grid[1], grid[2]};
@@ -521,6 +576,8 @@ int moshid_emu_launch(emu::thunk_t thunk, const unsigned* grid, unsigned block, 
         emu_ctx.block_idx.x = (unsigned)(b % grid[0]);
         emu_ctx.block_idx.y = (unsigned)((b / grid[0]) % grid[1]);
         emu_ctx.block_idx.z = (unsigned)(b / ((unsigned long long)grid[0] * grid[1]));
+        // A new block: its shared memory is poisoned anew (EMU_SHARED_POISON).
+        ++emu_ctx.block_serial;
         if (!run_block(s, order)) {
             char m[700];
             snprintf(m, sizeof m, "block (%u, %u, %u): %s", emu_ctx.block_idx.x, emu_ctx.block_idx.y,

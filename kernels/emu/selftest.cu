@@ -75,3 +75,17 @@ extern "C" __global__ void __launch_bounds__(1024) emu_selftest_spin(int* out, i
     }
     out[threadIdx.x] = (int)v;
 }
+
+// Threads whose index has the parity of the block's write s[t]; after a
+// barrier every thread reads s[t]. The others read what no thread of this
+// block wrote: the emulator's poison, never a value a neighbouring block
+// left there (each block flips which half writes).
+extern "C" __global__ void __launch_bounds__(1024) emu_selftest_unwritten_shared(int* out) {
+    __shared__ float s_unused[4], s_other[2];
+    __shared__ int s[1024];
+    const int t = threadIdx.x;
+    if (((t + blockIdx.x) & 1) == 0) s[t] = t + 1000 * (int)blockIdx.x;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = s[t];
+    if (t == 0) out[gridDim.x * blockDim.x + blockIdx.x] = __float_as_int(s_unused[3] + s_other[1]);
+}

@@ -1,10 +1,12 @@
-//! The NVRTC compile path: every kernel source of `kernels/cuda/` compiled to
-//! PTX for one GPU architecture, with an on-disk PTX cache.
+//! The NVRTC compile path: every kernel source of `kernels/cuda/` compiled
+//! for one GPU architecture to PTX and, for a device, to its SASS (a cubin),
+//! with an on-disk cache.
 //!
-//! The daemon is meant to call [`compile_all`] at start-up for the device's
-//! architecture ([`Arch::from_compute_capability`]); `scripts/check-kernels`
-//! runs the same function (through the `check-kernels` binary) on machines
-//! with no GPU, then assembles the PTX with `ptxas`.
+//! The CUDA device calls [`compile_all`] when it opens, for its architecture
+//! ([`Arch::from_compute_capability`]), asking for cubins and keying the
+//! cache by its driver's version; `scripts/check-kernels` runs the same
+//! function (through the `check-kernels` binary) on machines with no GPU,
+//! then assembles the PTX with `ptxas`.
 //!
 //! Invariants:
 //! - NVRTC is loaded dynamically (cudarc `dynamic-loading`). Its absence is an
@@ -15,13 +17,23 @@
 //! - A module's translation unit is `common.cuh` followed by the module's
 //!   `.cu` file (after a `#line 1` directive, so diagnostics name the real
 //!   file and line). Sources are embedded with `include_str!`; the only
-//!   headers read at run time are CUDA's own (`cuda_bf16.h`, `cuda_fp8.h`).
+//!   headers read at run time are CUDA's own (`cuda_bf16.h`, `cuda_fp8.h`,
+//!   and with CUDA 13 what they include from `include/cccl`, which
+//!   [`cuda_include_dirs`] adds to the include path).
 //! - The options are fixed here (IEEE division and square root, no
-//!   flush-to-zero, FMA contraction on, C++17) and are part of the cache key
-//!   together with the architecture, the include directories, the NVRTC
-//!   version and the full source. A cached file is used only if it declares
-//!   every kernel entry of its module; it is written atomically (temporary
-//!   file, then rename).
+//!   flush-to-zero, C++17, a real `sm_XY` architecture) but for FMA
+//!   contraction ([`CompileConfig::fmad`]: on when serving). The cache key
+//!   holds everything that changes the output: NVRTC's and the driver's
+//!   versions, the architecture, the include folders, every option, whether a
+//!   cubin is kept, and the full source.
+//! - The cache is an optimisation, never a cause of failure: a cached module
+//!   is used only if its PTX declares every kernel entry of the module (and
+//!   its cubin is there when one is asked for); each file is written under a
+//!   temporary name of its own (process id and a counter shared by the
+//!   process's threads), then renamed over the final name, so concurrent
+//!   writers (devices opened from parallel threads into one empty folder)
+//!   never see a partial file or fail; a cache that cannot be written is a
+//!   warning ([`CompiledModule::cache_warning`], and one line on stderr).
 //! - [`MODULES`] lists every `extern "C" __global__` function of every source
 //!   (checked by a test), so a kernel cannot be added without being compiled,
 //!   checked by ptxas and loadable by name.
@@ -291,15 +303,43 @@ impl std::fmt::Display for Arch {
     }
 }
 
-/// What to compile for and where the PTX cache lives.
+/// What to compile for and where the cache lives.
 #[derive(Debug, Clone)]
 pub struct CompileConfig {
     /// Target architecture.
     pub arch: Arch,
-    /// Folders searched for `#include <…>` (must provide `cuda_bf16.h`).
+    /// Folders searched for `#include <…>` (must provide `cuda_bf16.h`; see
+    /// [`with_cccl`] for CUDA 13's `include/cccl`).
     pub include_dirs: Vec<PathBuf>,
-    /// PTX cache folder; `None` compiles every time.
+    /// Cache folder; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
+    /// FMA contraction (`--fmad`): on for serving (what the GPU is fast at);
+    /// off for the exactness tests, so that a multiply-add rounds twice, as
+    /// on the CPU reference.
+    pub fmad: bool,
+    /// Also ask NVRTC for the architecture's SASS (a cubin), which the driver
+    /// loads without JIT-compiling PTX (and so without needing to be as new
+    /// as NVRTC's PTX ISA).
+    pub cubin: bool,
+    /// The driver's CUDA version (`cuDriverGetVersion`) when compiling for a
+    /// device: part of the cache key, so a driver update never reuses a file
+    /// made for the old one. `None` off a GPU (`check-kernels`).
+    pub driver_version: Option<i32>,
+}
+
+impl CompileConfig {
+    /// PTX only, FMA on, no cache, no driver: what `check-kernels` and the
+    /// tests start from.
+    pub fn new(arch: Arch, include_dirs: Vec<PathBuf>) -> CompileConfig {
+        CompileConfig {
+            arch,
+            include_dirs,
+            cache_dir: None,
+            fmad: true,
+            cubin: false,
+            driver_version: None,
+        }
+    }
 }
 
 /// One compiled module.
@@ -311,20 +351,35 @@ pub struct CompiledModule {
     pub arch: Arch,
     /// PTX text.
     pub ptx: String,
-    /// The cache key (hash of version, options and source).
+    /// The architecture's SASS, when [`CompileConfig::cubin`] asked for it.
+    pub cubin: Option<Vec<u8>>,
+    /// The cache key (hash of versions, options and source).
     pub key: u64,
     /// Whether it was read from the cache.
     pub from_cache: bool,
+    /// Why the cache could not be written, if it could not (the module was
+    /// compiled and is used from memory all the same).
+    pub cache_warning: Option<String>,
 }
 
-/// The fixed NVRTC options besides the architecture and include paths.
+/// The fixed NVRTC options besides the architecture, the include paths and
+/// `--fmad` ([`CompileConfig::fmad`]).
 pub const FIXED_OPTIONS: &[&str] = &[
     "--std=c++17",
     "--ftz=false",
     "--prec-div=true",
     "--prec-sqrt=true",
-    "--fmad=true",
 ];
+
+/// Every NVRTC option for `cfg` besides the include paths.
+fn options(cfg: &CompileConfig) -> Vec<String> {
+    let mut o: Vec<String> = FIXED_OPTIONS.iter().map(|s| s.to_string()).collect();
+    o.push(format!("--fmad={}", cfg.fmad));
+    // A real architecture (`sm_XY`): NVRTC then gives both the PTX and the
+    // SASS for it.
+    o.push(format!("--gpu-architecture={}", cfg.arch.name));
+    o
+}
 
 /// Loads libnvrtc (erroring if absent) and returns its `(major, minor)` version.
 pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
@@ -358,11 +413,12 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, CompileError> {
     })
 }
 
-/// The folder holding `cuda_bf16.h`: the first of `extra`, `$MOSHID_CUDA_INCLUDE`,
-/// `$CUDA_HOME/include`, `$CUDA_PATH/include`, `/usr/local/cuda/include`,
-/// `/usr/include`, and this repository's `.cache/cuda-wheels` (where
-/// `scripts/check-kernels` installs the headers) that has it.
-pub fn find_cuda_include(extra: &[PathBuf]) -> Result<PathBuf, CompileError> {
+/// The folders searched for `cuda_bf16.h`, in order: `extra`,
+/// `$MOSHID_CUDA_INCLUDE`, `$CUDA_HOME/include`, `$CUDA_PATH/include`,
+/// `/usr/local/cuda/include`, `/usr/include`, and this repository's
+/// `.cache/cuda-wheels*` (where `scripts/check-kernels` installs CUDA 12's
+/// and 13's wheels).
+fn include_candidates(extra: &[PathBuf]) -> Vec<PathBuf> {
     let mut looked: Vec<PathBuf> = extra.to_vec();
     if let Some(p) = std::env::var_os("MOSHID_CUDA_INCLUDE") {
         looked.push(PathBuf::from(p));
@@ -374,15 +430,48 @@ pub fn find_cuda_include(extra: &[PathBuf]) -> Result<PathBuf, CompileError> {
     }
     looked.push(PathBuf::from("/usr/local/cuda/include"));
     looked.push(PathBuf::from("/usr/include"));
-    looked.push(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../.cache/cuda-wheels/nvidia/cuda_runtime/include"),
-    );
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    looked.push(repo.join(".cache/cuda-wheels/nvidia/cuda_runtime/include"));
+    looked.push(repo.join(".cache/cuda-wheels-13/nvidia/cu13/include"));
+    looked
+}
+
+/// The first folder of [`include_candidates`] holding `cuda_bf16.h`.
+pub fn find_cuda_include(extra: &[PathBuf]) -> Result<PathBuf, CompileError> {
+    let looked = include_candidates(extra);
     looked
         .iter()
         .find(|d| d.join("cuda_bf16.h").is_file())
         .cloned()
         .ok_or(CompileError::HeadersMissing { looked })
+}
+
+/// `dirs` with CUDA 13's `include/cccl` added after every folder that holds
+/// `cuda_bf16.h` and has one (CUDA 13 moved `nv/target`, `cuda/std` and the
+/// rest of CCCL there; nvcc adds it by itself, NVRTC does not), each once.
+pub fn with_cccl(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if !out.contains(d) {
+            out.push(d.clone());
+        }
+        let cccl = d.join("cccl");
+        if d.join("cuda_bf16.h").is_file() && cccl.is_dir() && !dirs.contains(&cccl) {
+            out.push(cccl);
+        }
+    }
+    out
+}
+
+/// The include folders NVRTC needs: `dirs` if one of them holds
+/// `cuda_bf16.h`, else `dirs` and the one [`find_cuda_include`] finds; then
+/// [`with_cccl`]. What the CUDA device and `check-kernels` both compile with.
+pub fn cuda_include_dirs(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, CompileError> {
+    let mut all = dirs.to_vec();
+    if !all.iter().any(|d| d.join("cuda_bf16.h").is_file()) {
+        all.push(find_cuda_include(dirs)?);
+    }
+    Ok(with_cccl(&all))
 }
 
 /// The translation unit of a module: the common header, then the file.
@@ -402,19 +491,24 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// The cache key of a module for an architecture, include folders and NVRTC version.
-pub fn cache_key(m: &KernelModule, arch: Arch, include_dirs: &[PathBuf], nvrtc: (i32, i32)) -> u64 {
-    let version = format!("moshid-kernels-ptx-v1 nvrtc {}.{}", nvrtc.0, nvrtc.1);
-    let includes = include_dirs
+/// The cache key of a module compiled with `cfg` by NVRTC `nvrtc`: the
+/// versions (NVRTC's and the driver's), the architecture, the include
+/// folders, every option, whether a cubin is kept, and the full source.
+pub fn cache_key(m: &KernelModule, cfg: &CompileConfig, nvrtc: (i32, i32)) -> u64 {
+    let version = format!(
+        "moshid-kernels-cache-v2 nvrtc {}.{} driver {:?} cubin {}",
+        nvrtc.0, nvrtc.1, cfg.driver_version, cfg.cubin
+    );
+    let includes = cfg
+        .include_dirs
         .iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join("\n");
-    let options = FIXED_OPTIONS.join("\n");
+    let options = options(cfg).join("\n");
     let source = module_source(m);
     fnv1a(&[
         version.as_bytes(),
-        arch.name.as_bytes(),
         includes.as_bytes(),
         options.as_bytes(),
         source.as_bytes(),
@@ -429,39 +523,96 @@ fn missing_entry(m: &KernelModule, ptx: &str) -> Option<&'static str> {
         .find(|k| !ptx.contains(&format!(".entry {k}(")))
 }
 
-fn cache_path(dir: &Path, m: &KernelModule, arch: Arch, key: u64) -> PathBuf {
-    dir.join(format!("{}-{}-{key:016x}.ptx", m.name, arch.name))
+/// The cache files of a module: its PTX and its cubin.
+fn cache_paths(dir: &Path, m: &KernelModule, arch: Arch, key: u64) -> (PathBuf, PathBuf) {
+    let stem = format!("{}-{}-{key:016x}", m.name, arch.name);
+    (
+        dir.join(format!("{stem}.ptx")),
+        dir.join(format!("{stem}.cubin")),
+    )
+}
+
+/// What NVRTC produced for one module.
+#[derive(Debug, Clone)]
+pub struct NvrtcOutput {
+    /// The PTX.
+    pub ptx: String,
+    /// The SASS, when asked for.
+    pub cubin: Option<Vec<u8>>,
 }
 
 /// Compiles one module with NVRTC (no cache). `nvrtc_version` must have
 /// succeeded before (it is what makes the NVRTC calls safe from panics).
 fn nvrtc_compile(
     m: &'static KernelModule,
-    arch: Arch,
-    include_dirs: &[PathBuf],
-) -> Result<String, CompileError> {
-    use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-    let opts = CompileOptions {
-        include_paths: include_dirs
+    cfg: &CompileConfig,
+) -> Result<NvrtcOutput, CompileError> {
+    use cudarc::nvrtc::{result, sys};
+    let nvrtc = |what: &str, e: result::NvrtcError| CompileError::Nvrtc(format!("{what}: {e:?}"));
+    let src = std::ffi::CString::new(module_source(m))
+        .map_err(|_| CompileError::Nvrtc(format!("{}: a NUL byte in the source", m.file)))?;
+    let name = std::ffi::CString::new(m.file).expect("file names have no NUL");
+    let mut opts = options(cfg);
+    opts.extend(
+        cfg.include_dirs
             .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
-        arch: Some(arch.name),
-        name: Some(m.file.to_string()),
-        options: FIXED_OPTIONS.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
+            .map(|p| format!("--include-path={}", p.display())),
+    );
+    let to_string = |v: Vec<std::ffi::c_char>| {
+        let bytes: Vec<u8> = v.into_iter().map(|c| c as u8).collect();
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
     };
-    let src = module_source(m);
-    let out = guarded(|| compile_ptx_with_opts(src, opts).map(|p| p.to_src()))?;
-    out.map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => CompileError::Compile {
-            file: m.file,
-            arch: arch.name,
-            status: format!("{nvrtc:?}"),
-            log: log.to_string_lossy().into_owned(),
-        },
-        other => CompileError::Nvrtc(format!("{other:?}")),
-    })
+    guarded(|| {
+        let prog = result::create_program(&src, Some(&name))
+            .map_err(|e| nvrtc("nvrtcCreateProgram", e))?;
+        // SAFETY (whole block): `prog` was just created and is destroyed once,
+        // at the end; the source and name CStrings outlive it; the CUBIN
+        // buffer is exactly the size NVRTC reported.
+        let out = unsafe {
+            let r = match result::compile_program(prog, &opts) {
+                Err(e) => {
+                    let log = result::get_program_log(prog)
+                        .map(to_string)
+                        .unwrap_or_default();
+                    Err(CompileError::Compile {
+                        file: m.file,
+                        arch: cfg.arch.name,
+                        status: format!("{:?}", e.0),
+                        log,
+                    })
+                }
+                Ok(()) => result::get_ptx(prog)
+                    .map(to_string)
+                    .map_err(|e| nvrtc("nvrtcGetPTX", e))
+                    .and_then(|ptx| {
+                        let cubin = if cfg.cubin {
+                            let mut size = 0usize;
+                            sys::nvrtcGetCUBINSize(prog, &mut size)
+                                .result()
+                                .map_err(|e| nvrtc("nvrtcGetCUBINSize", e))?;
+                            if size == 0 {
+                                return Err(CompileError::Nvrtc(format!(
+                                    "{}: NVRTC made no cubin for {}",
+                                    m.file, cfg.arch.name
+                                )));
+                            }
+                            let mut buf = vec![0u8; size];
+                            sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char)
+                                .result()
+                                .map_err(|e| nvrtc("nvrtcGetCUBIN", e))?;
+                            Some(buf)
+                        } else {
+                            None
+                        };
+                        Ok(NvrtcOutput { ptx, cubin })
+                    }),
+            };
+            let _ = result::destroy_program(prog);
+            r
+        };
+        out
+    })?
 }
 
 /// Compiles (or reads from the cache) one module.
@@ -470,56 +621,118 @@ pub fn compile_module(
     cfg: &CompileConfig,
 ) -> Result<CompiledModule, CompileError> {
     let version = nvrtc_version()?;
-    compile_module_with(m, cfg, version)
+    compile_module_with(m, cfg, version, &|m, cfg| nvrtc_compile(m, cfg))
+}
+
+/// A compiler: NVRTC, or a stand-in in the cache's tests.
+type Compiler<'a> =
+    dyn Fn(&'static KernelModule, &CompileConfig) -> Result<NvrtcOutput, CompileError> + Sync + 'a;
+
+/// Reads a module from the cache, if both its files are there and whole.
+fn read_cached(
+    m: &KernelModule,
+    cfg: &CompileConfig,
+    ptx: &Path,
+    cubin: &Path,
+) -> Option<NvrtcOutput> {
+    let text = std::fs::read_to_string(ptx).ok()?;
+    missing_entry(m, &text).is_none().then_some(())?;
+    let bin = if cfg.cubin {
+        Some(std::fs::read(cubin).ok().filter(|b| !b.is_empty())?)
+    } else {
+        None
+    };
+    Some(NvrtcOutput {
+        ptx: text,
+        cubin: bin,
+    })
+}
+
+/// A name no other writer uses: this process, and a counter shared by its threads.
+fn temporary_name(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}-{n}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Writes `bytes` to `path` atomically: into a temporary file of a name of
+/// its own, then renamed over `path` (readers see the old file, no file, or
+/// the whole new one; concurrent writers of the same content all succeed).
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = temporary_name(path);
+    let r = std::fs::write(&tmp, bytes)
+        .map_err(|e| format!("{}: {e}", tmp.display()))
+        .and_then(|_| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 fn compile_module_with(
     m: &'static KernelModule,
     cfg: &CompileConfig,
     version: (i32, i32),
+    compiler: &Compiler<'_>,
 ) -> Result<CompiledModule, CompileError> {
-    let key = cache_key(m, cfg.arch, &cfg.include_dirs, version);
-    let cached = cfg
+    let key = cache_key(m, cfg, version);
+    let paths = cfg
         .cache_dir
         .as_ref()
-        .map(|d| cache_path(d, m, cfg.arch, key));
-    if let Some(path) = &cached {
-        if let Ok(ptx) = std::fs::read_to_string(path) {
-            if missing_entry(m, &ptx).is_none() {
-                return Ok(CompiledModule {
-                    module: m,
-                    arch: cfg.arch,
-                    ptx,
-                    key,
-                    from_cache: true,
-                });
-            }
+        .map(|d| cache_paths(d, m, cfg.arch, key));
+    if let Some((ptx, cubin)) = &paths {
+        if let Some(out) = read_cached(m, cfg, ptx, cubin) {
+            return Ok(CompiledModule {
+                module: m,
+                arch: cfg.arch,
+                ptx: out.ptx,
+                cubin: out.cubin,
+                key,
+                from_cache: true,
+                cache_warning: None,
+            });
         }
     }
-    let ptx = nvrtc_compile(m, cfg.arch, &cfg.include_dirs)?;
-    if let Some(kernel) = missing_entry(m, &ptx) {
+    let out = compiler(m, cfg)?;
+    if let Some(kernel) = missing_entry(m, &out.ptx) {
         return Err(CompileError::MissingEntry {
             file: m.file,
             arch: cfg.arch.name,
             kernel,
         });
     }
-    if let (Some(dir), Some(path)) = (&cfg.cache_dir, &cached) {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CompileError::Cache { path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let tmp = path.with_extension(format!("ptx.tmp{}", std::process::id()));
-        std::fs::write(&tmp, &ptx).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))?;
+    // The cache is an optimisation: a failure to write it is a warning, the
+    // compiled module is in memory.
+    let mut cache_warning = None;
+    if let (Some(dir), Some((ptx, cubin))) = (&cfg.cache_dir, &paths) {
+        let written = std::fs::create_dir_all(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))
+            .and_then(|_| match &out.cubin {
+                // The cubin first: a reader takes the PTX as the sign that
+                // both are there.
+                Some(bin) => write_atomically(cubin, bin),
+                None => Ok(()),
+            })
+            .and_then(|_| write_atomically(ptx, out.ptx.as_bytes()));
+        if let Err(why) = written {
+            eprintln!(
+                "<4>kernels: could not write the kernel cache ({why}); {} is compiled and used from memory",
+                m.file
+            );
+            cache_warning = Some(why);
+        }
     }
     Ok(CompiledModule {
         module: m,
         arch: cfg.arch,
-        ptx,
+        ptx: out.ptx,
+        cubin: out.cubin,
         key,
         from_cache: false,
+        cache_warning,
     })
 }
 
@@ -528,7 +741,7 @@ pub fn compile_all(cfg: &CompileConfig) -> Result<Vec<CompiledModule>, CompileEr
     let version = nvrtc_version()?;
     MODULES
         .iter()
-        .map(|m| compile_module_with(m, cfg, version))
+        .map(|m| compile_module_with(m, cfg, version, &|m, cfg| nvrtc_compile(m, cfg)))
         .collect()
 }
 
@@ -613,19 +826,206 @@ mod tests {
         let m = &MODULES[0];
         let a80 = Arch::parse("sm_80").unwrap();
         let a90 = Arch::parse("sm_90").unwrap();
-        let inc = vec![PathBuf::from("/x")];
-        let k = cache_key(m, a90, &inc, (12, 6));
-        assert_eq!(k, cache_key(m, a90, &inc, (12, 6)));
-        assert_ne!(k, cache_key(m, a80, &inc, (12, 6)));
-        assert_ne!(k, cache_key(m, a90, &inc, (12, 8)));
-        assert_ne!(k, cache_key(m, a90, &[PathBuf::from("/y")], (12, 6)));
-        assert_ne!(k, cache_key(&MODULES[1], a90, &inc, (12, 6)));
+        let base = CompileConfig::new(a90, vec![PathBuf::from("/x")]);
+        let k = cache_key(m, &base, (12, 6));
+        assert_eq!(k, cache_key(m, &base.clone(), (12, 6)));
+        let changed = [
+            CompileConfig {
+                arch: a80,
+                ..base.clone()
+            },
+            CompileConfig {
+                include_dirs: vec![PathBuf::from("/y")],
+                ..base.clone()
+            },
+            CompileConfig {
+                fmad: false,
+                ..base.clone()
+            },
+            CompileConfig {
+                cubin: true,
+                ..base.clone()
+            },
+            CompileConfig {
+                driver_version: Some(13000),
+                ..base.clone()
+            },
+            CompileConfig {
+                driver_version: Some(13010),
+                ..base.clone()
+            },
+        ];
+        let mut keys = vec![
+            k,
+            cache_key(m, &base, (12, 8)),
+            cache_key(&MODULES[1], &base, (12, 6)),
+        ];
+        keys.extend(changed.iter().map(|c| cache_key(m, c, (12, 6))));
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "every change makes a new key");
+        // The cache location does not change what is compiled.
+        let cached = CompileConfig {
+            cache_dir: Some("/c".into()),
+            ..base.clone()
+        };
+        assert_eq!(cache_key(m, &cached, (12, 6)), k);
     }
 
-    /// The include folder, or why the NVRTC tests cannot run here.
-    fn nvrtc_setup() -> Result<PathBuf, String> {
+    #[test]
+    fn options_follow_the_config() {
+        let mut cfg = CompileConfig::new(Arch::parse("sm_90").unwrap(), vec![]);
+        assert!(options(&cfg).contains(&"--fmad=true".to_string()));
+        assert!(options(&cfg).contains(&"--gpu-architecture=sm_90".to_string()));
+        cfg.fmad = false;
+        assert!(options(&cfg).contains(&"--fmad=false".to_string()));
+        assert!(!options(&cfg).iter().any(|o| o == "--fmad=true"));
+    }
+
+    #[test]
+    fn cccl_is_added_after_a_cuda_13_include_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let (c13, c12) = (root.path().join("13"), root.path().join("12"));
+        std::fs::create_dir_all(c13.join("cccl/nv")).unwrap();
+        std::fs::create_dir_all(&c12).unwrap();
+        for d in [&c13, &c12] {
+            std::fs::write(d.join("cuda_bf16.h"), "").unwrap();
+        }
+        let other = root.path().join("other");
+        assert_eq!(
+            with_cccl(&[other.clone(), c13.clone()]),
+            vec![other.clone(), c13.clone(), c13.join("cccl")]
+        );
+        // Given already, or a CUDA 12 folder: nothing added, nothing twice.
+        assert_eq!(
+            with_cccl(&[c13.clone(), c13.join("cccl"), c13.clone()]),
+            vec![c13.clone(), c13.join("cccl")]
+        );
+        assert_eq!(with_cccl(std::slice::from_ref(&c12)), vec![c12.clone()]);
+        // The daemon's search: a configured folder without the header gets
+        // the found one, with its cccl.
+        assert_eq!(
+            cuda_include_dirs(&[other.clone(), c13.clone()]).unwrap(),
+            vec![other, c13.clone(), c13.join("cccl")]
+        );
+    }
+
+    /// A stand-in for NVRTC: PTX declaring every kernel of the module, a
+    /// cubin of a few bytes, after every caller has arrived at `barrier`
+    /// (so that all of them write the cache at the same moment).
+    fn fake_compiler(
+        barrier: &std::sync::Barrier,
+    ) -> impl Fn(&'static KernelModule, &CompileConfig) -> Result<NvrtcOutput, CompileError> + Sync + '_
+    {
+        move |m, cfg| {
+            barrier.wait();
+            let ptx: String = m
+                .kernels
+                .iter()
+                .map(|k| format!(".visible .entry {k}(\n)\n{{\n}}\n"))
+                .collect();
+            Ok(NvrtcOutput {
+                ptx,
+                cubin: cfg.cubin.then(|| vec![0x7f, b'E', b'L', b'F']),
+            })
+        }
+    }
+
+    #[test]
+    fn eight_threads_fill_one_empty_cache() {
+        // The GPU tests open devices from parallel threads of one process
+        // into one empty cache folder: every one must compile (or read) and
+        // succeed, none may see a half-written file, nothing may warn.
+        const THREADS: usize = 8;
+        for round in 0..10 {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = CompileConfig {
+                cache_dir: Some(dir.path().join("cache")),
+                cubin: round % 2 == 0,
+                ..CompileConfig::new(Arch::parse("sm_90").unwrap(), vec![])
+            };
+            let barrier = std::sync::Barrier::new(THREADS);
+            let compiler = fake_compiler(&barrier);
+            let results: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|_| s.spawn(|| compile_module_with(&MODULES[1], &cfg, (13, 0), &compiler)))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for r in &results {
+                let c = r.as_ref().unwrap_or_else(|e| panic!("round {round}: {e}"));
+                assert!(!c.from_cache);
+                assert_eq!(c.cache_warning, None, "round {round}");
+            }
+            // The cache now holds the module (and no temporary file).
+            let again = compile_module_with(&MODULES[1], &cfg, (13, 0), &|_, _| {
+                panic!("compiled although cached")
+            })
+            .unwrap();
+            assert!(again.from_cache && again.ptx == results[0].as_ref().unwrap().ptx);
+            assert_eq!(again.cubin.is_some(), cfg.cubin);
+            let files = std::fs::read_dir(dir.path().join("cache")).unwrap().count();
+            assert_eq!(
+                files,
+                1 + cfg.cubin as usize,
+                "round {round}: temporary files left"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unwritable_cache_is_a_warning_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-folder");
+        std::fs::write(&file, "").unwrap();
+        let cfg = CompileConfig {
+            cache_dir: Some(file.join("cache")),
+            ..CompileConfig::new(Arch::parse("sm_80").unwrap(), vec![])
+        };
+        let barrier = std::sync::Barrier::new(1);
+        let c = compile_module_with(&MODULES[0], &cfg, (12, 6), &fake_compiler(&barrier)).unwrap();
+        assert!(!c.from_cache);
+        assert!(c.cache_warning.is_some());
+        assert!(c.ptx.contains(".entry rms_norm_f32("));
+    }
+
+    #[test]
+    fn a_partial_cache_entry_is_compiled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CompileConfig {
+            cache_dir: Some(dir.path().to_path_buf()),
+            cubin: true,
+            ..CompileConfig::new(Arch::parse("sm_90").unwrap(), vec![])
+        };
+        let key = cache_key(&MODULES[0], &cfg, (12, 6));
+        let (ptx, cubin) = cache_paths(dir.path(), &MODULES[0], cfg.arch, key);
+        // PTX lacking a kernel; then whole PTX without its cubin.
+        std::fs::write(&ptx, ".entry rms_norm_f32(\n").unwrap();
+        let barrier = std::sync::Barrier::new(1);
+        let fake = fake_compiler(&barrier);
+        assert!(
+            !compile_module_with(&MODULES[0], &cfg, (12, 6), &fake)
+                .unwrap()
+                .from_cache
+        );
+        std::fs::remove_file(&cubin).unwrap();
+        assert!(
+            !compile_module_with(&MODULES[0], &cfg, (12, 6), &fake)
+                .unwrap()
+                .from_cache
+        );
+        assert!(
+            compile_module_with(&MODULES[0], &cfg, (12, 6), &fake)
+                .unwrap()
+                .from_cache
+        );
+    }
+
+    /// The include folders, or why the NVRTC tests cannot run here.
+    fn nvrtc_setup() -> Result<Vec<PathBuf>, String> {
         nvrtc_version().map_err(|e| e.to_string())?;
-        find_cuda_include(&[]).map_err(|e| e.to_string())
+        cuda_include_dirs(&[]).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -637,11 +1037,7 @@ mod tests {
             ),
             Err(e) => {
                 assert!(matches!(e, CompileError::NvrtcMissing { .. }), "{e}");
-                let cfg = CompileConfig {
-                    arch: Arch::parse("sm_90").unwrap(),
-                    include_dirs: vec![],
-                    cache_dir: None,
-                };
+                let cfg = CompileConfig::new(Arch::parse("sm_90").unwrap(), vec![]);
                 assert!(matches!(
                     compile_all(&cfg),
                     Err(CompileError::NvrtcMissing { .. })
@@ -651,7 +1047,7 @@ mod tests {
     }
 
     #[test]
-    fn every_module_compiles_and_is_cached() {
+    fn every_module_compiles_to_ptx_and_cubin_and_is_cached() {
         let include = match nvrtc_setup() {
             Ok(p) => p,
             Err(why) => {
@@ -664,17 +1060,84 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for arch in ["sm_80", "sm_90"] {
             let cfg = CompileConfig {
-                arch: Arch::parse(arch).unwrap(),
-                include_dirs: vec![include.clone()],
                 cache_dir: Some(dir.path().to_path_buf()),
+                cubin: true,
+                ..CompileConfig::new(Arch::parse(arch).unwrap(), include.clone())
             };
             let first = compile_all(&cfg).unwrap();
-            assert!(first.iter().all(|c| !c.from_cache));
+            assert!(first
+                .iter()
+                .all(|c| !c.from_cache && c.cache_warning.is_none()));
+            for c in &first {
+                // An ELF image (the SASS), and PTX for the same architecture.
+                let bin = c.cubin.as_ref().unwrap();
+                assert_eq!(&bin[..4], b"\x7fELF", "{} {arch}", c.module.file);
+                assert!(
+                    c.ptx.contains(&format!(".target {arch}")),
+                    "{}",
+                    c.module.file
+                );
+            }
             let again = compile_all(&cfg).unwrap();
             for (a, b) in first.iter().zip(&again) {
-                assert!(b.from_cache && a.ptx == b.ptx && a.key == b.key);
+                assert!(b.from_cache && a.ptx == b.ptx && a.key == b.key && a.cubin == b.cubin);
             }
         }
+    }
+
+    #[test]
+    fn eight_threads_compile_with_nvrtc_into_one_empty_cache() {
+        // As the GPU tests open devices: NVRTC from parallel threads, one
+        // empty cache (one small module, to keep CI short; the cache's own
+        // protocol is `eight_threads_fill_one_empty_cache`).
+        let include = match nvrtc_setup() {
+            Ok(p) => p,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CompileConfig {
+            cache_dir: Some(dir.path().join("cache")),
+            cubin: true,
+            ..CompileConfig::new(Arch::parse("sm_90").unwrap(), include)
+        };
+        let m = MODULES.iter().find(|m| m.name == "norm").unwrap();
+        let all: Vec<CompiledModule> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| compile_module(m, &cfg).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for c in &all {
+            assert!(c.cache_warning.is_none());
+            assert_eq!(c.ptx, all[0].ptx);
+            assert_eq!(c.cubin, all[0].cubin);
+        }
+        let files = std::fs::read_dir(dir.path().join("cache")).unwrap().count();
+        assert_eq!(files, 2, "one PTX and one cubin, no temporary file");
+    }
+
+    #[test]
+    fn without_fmad_no_fused_multiply_add_is_emitted() {
+        let include = match nvrtc_setup() {
+            Ok(p) => p,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        };
+        let m = MODULES.iter().find(|m| m.name == "norm").unwrap();
+        let mut cfg = CompileConfig::new(Arch::parse("sm_90").unwrap(), include);
+        let fused = compile_module(m, &cfg).unwrap().ptx;
+        cfg.fmad = false;
+        let plain = compile_module(m, &cfg).unwrap().ptx;
+        assert!(
+            fused.contains("fma.rn.f32"),
+            "the norms contract with --fmad=true"
+        );
+        assert!(!plain.contains("fma.rn.f32"), "--fmad=false leaves no fma");
     }
 
     #[test]
@@ -692,11 +1155,7 @@ mod tests {
             source: "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }\n",
             kernels: &["broken"],
         };
-        let cfg = CompileConfig {
-            arch: Arch::parse("sm_90").unwrap(),
-            include_dirs: vec![include],
-            cache_dir: None,
-        };
+        let cfg = CompileConfig::new(Arch::parse("sm_90").unwrap(), include);
         match compile_module(&BROKEN, &cfg) {
             Err(CompileError::Compile { log, .. }) => {
                 assert!(

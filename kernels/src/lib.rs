@@ -6,7 +6,7 @@
 //!   single-query attention, SiLU gating, embeddings with the delayed token
 //!   cache, top-k sampling with a per-slot RNG, Mimi's streaming
 //!   convolutions and RVQ), mirroring the CPU reference in `moshid-model`;
-//! - [`compile`]: their NVRTC compile path with a PTX cache (cudarc,
+//! - [`compile`]: their NVRTC compile path to PTX and cubins, cached (cudarc,
 //!   dynamically loaded, so this crate builds where there is no CUDA at all);
 //!   [`ptxas`]: the resource report of `ptxas -v` (`scripts/check-kernels`,
 //!   the compile gate that needs no GPU);

@@ -11,7 +11,7 @@ mod common;
 
 use common::compare::{compare, outputs, params, SLOTS};
 use common::fixtures::fixture_dirs;
-use moshid_kernels::device::emu::EmuDevice;
+use moshid_kernels::device::emu::{EmuDevice, Order};
 use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
 use moshid_kernels::plan::KvDtype;
 use moshid_model::checkpoint::CheckpointDir;
@@ -149,5 +149,54 @@ fn sampled_streams_do_not_depend_on_their_neighbours() {
             }
         }
         assert!(compared > 0);
+    }
+}
+
+#[test]
+fn outputs_do_not_depend_on_the_thread_order_or_on_when_the_device_runs() {
+    // The emulator's blind spots, closed: threads of every block in other
+    // orders between barriers, and warps running ahead of each other up to
+    // a block barrier (a missing __syncthreads changes the result),
+    // and deferred execution (device work run only at the next
+    // synchronisation, host buffers poisoned until then: a host that reads
+    // or rewrites a buffer the stream still owns changes the result). Every
+    // token, code and sample must be bit for bit the default run's, with
+    // graphs and without.
+    type Out = Vec<(u32, Vec<u32>, Vec<u32>)>;
+    for dir in fixture_dirs("lm_config.json") {
+        let d = CheckpointDir::open(&dir).unwrap();
+        let p = params(&d);
+        let run = |order: Order, deferred: bool, graphs: bool| -> Out {
+            let mut dev = EmuDevice::new();
+            dev.set_order(order);
+            dev.set_deferred(deferred).unwrap();
+            let opts = GpuOptions {
+                max_slots: SLOTS,
+                precision: Precision::Bf16,
+                kv: KvDtype::Bf16,
+                graphs,
+                ..GpuOptions::default()
+            };
+            let mut m = GpuModel::load(dev, &d, &opts).unwrap();
+            outputs(&mut m, &p, 6)
+                .into_iter()
+                .map(|(t, c, pcm)| (t, c, pcm.iter().map(|x| x.to_bits()).collect()))
+                .collect()
+        };
+        let base = run(Order::Reverse, false, true);
+        assert!(!base.is_empty());
+        for (order, deferred, graphs) in [
+            (Order::Forward, false, true),
+            (Order::Shuffled(7), false, false),
+            (Order::WarpsAhead(5), false, true),
+            (Order::Reverse, true, true),
+            (Order::Shuffled(11), true, false),
+        ] {
+            assert!(
+                run(order, deferred, graphs) == base,
+                "{}: {order:?}, deferred {deferred}, graphs {graphs}: the outputs differ",
+                dir.display()
+            );
+        }
     }
 }

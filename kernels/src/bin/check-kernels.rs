@@ -1,8 +1,9 @@
 //! `check-kernels`: the compile gate that needs no GPU.
 //!
 //! Compiles every kernel of `moshid-kernels` for each `--arch` through
-//! [`moshid_kernels::compile::compile_all`] (the daemon's code path, PTX cache
-//! included: a fresh cache is filled, then read back and compared), writes the
+//! [`moshid_kernels::compile::compile_all`] (the daemon's code path: its
+//! include-folder search with CUDA 13's `include/cccl`, PTX and cubin, the
+//! cache included: a fresh cache is filled, then read back and compared), writes the
 //! PTX under `--out`, assembles each file with `ptxas -arch=… -v`, and prints
 //! registers, shared memory, stack and spills per kernel. Exits non-zero on a
 //! compile or assembly error, a kernel missing from ptxas's report, or any
@@ -58,8 +59,16 @@ fn parse_args() -> Result<Args, String> {
 
 fn run(args: &Args) -> Result<bool, String> {
     let (major, minor) = compile::nvrtc_version().map_err(|e| e.to_string())?;
-    let include = compile::find_cuda_include(&args.includes).map_err(|e| e.to_string())?;
-    println!("NVRTC {major}.{minor}; CUDA headers: {}", include.display());
+    // The daemon's own search (CUDA 13's include/cccl added).
+    let include = compile::cuda_include_dirs(&args.includes).map_err(|e| e.to_string())?;
+    println!(
+        "NVRTC {major}.{minor}; CUDA headers: {}",
+        include
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let mut ok = true;
     let mut rows = Vec::new();
     for &arch in &args.archs {
@@ -68,25 +77,39 @@ fn run(args: &Args) -> Result<bool, String> {
         if cache.exists() {
             std::fs::remove_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
         }
+        // As the CUDA device compiles: PTX and the architecture's SASS.
         let cfg = CompileConfig {
-            arch,
-            include_dirs: vec![include.clone()],
             cache_dir: Some(cache),
+            cubin: true,
+            ..CompileConfig::new(arch, include.clone())
         };
         let t = std::time::Instant::now();
         let compiled = compile::compile_all(&cfg).map_err(|e| e.to_string())?;
         let secs = t.elapsed().as_secs_f64();
         let again = compile::compile_all(&cfg).map_err(|e| e.to_string())?;
         for (a, b) in compiled.iter().zip(&again) {
-            if a.from_cache || !b.from_cache || a.ptx != b.ptx {
+            if a.from_cache || !b.from_cache || a.ptx != b.ptx || a.cubin != b.cubin {
                 return Err(format!(
                     "PTX cache misbehaved for {} on {arch}",
                     a.module.name
                 ));
             }
         }
+        let sass: usize = compiled
+            .iter()
+            .map(|c| c.cubin.as_ref().map_or(0, Vec::len))
+            .sum();
+        if let Some(c) = compiled
+            .iter()
+            .find(|c| c.cubin.as_ref().is_none_or(|b| !b.starts_with(b"\x7fELF")))
+        {
+            return Err(format!(
+                "NVRTC made no cubin of {} for {arch}",
+                c.module.file
+            ));
+        }
         println!(
-            "{arch}: {} modules compiled in {secs:.1} s (cache checked)",
+            "{arch}: {} modules compiled to PTX and SASS ({sass} bytes of cubin) in {secs:.1} s (cache checked)",
             compiled.len()
         );
         for c in &compiled {

@@ -26,7 +26,10 @@
 //!   after `synchronize`.
 
 pub mod cuda;
+mod describe;
 pub mod emu;
+
+pub use describe::{describe_args, describe_gemm};
 
 /// A device address: a `CUdeviceptr` on CUDA, a host address on the emulator.
 /// 0 is the null pointer that kernels take for "absent".
@@ -376,7 +379,95 @@ pub trait Device: Send {
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()>;
 }
 
-/// Checks a GEMM's shape against its operands' strides (shared by devices).
+/// A boxed device is a device: tests and tools pick the device at run time
+/// (`Box<dyn Device>`) and run the same code on either.
+impl<D: Device + ?Sized> Device for Box<D> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn memory(&self) -> DeviceResult<(usize, usize)> {
+        (**self).memory()
+    }
+    fn alloc(&mut self, bytes: usize) -> DeviceResult<DevPtr> {
+        (**self).alloc(bytes)
+    }
+    fn alloc_host(&mut self, bytes: usize) -> DeviceResult<HostBuf> {
+        (**self).alloc_host(bytes)
+    }
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> DeviceResult<()> {
+        (**self).upload(dst, src)
+    }
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> DeviceResult<()> {
+        (**self).download(src, dst)
+    }
+    fn copy_to_device(
+        &mut self,
+        dst: DevPtr,
+        src: &HostBuf,
+        src_offset: usize,
+        bytes: usize,
+    ) -> DeviceResult<()> {
+        (**self).copy_to_device(dst, src, src_offset, bytes)
+    }
+    fn copy_to_host(
+        &mut self,
+        dst: &HostBuf,
+        dst_offset: usize,
+        src: DevPtr,
+        bytes: usize,
+    ) -> DeviceResult<()> {
+        (**self).copy_to_host(dst, dst_offset, src, bytes)
+    }
+    fn copy_on_device(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> DeviceResult<()> {
+        (**self).copy_on_device(dst, src, bytes)
+    }
+    fn memset_zero(&mut self, dst: DevPtr, bytes: usize) -> DeviceResult<()> {
+        (**self).memset_zero(dst, bytes)
+    }
+    fn kernel(&self, name: &str) -> DeviceResult<KernelId> {
+        (**self).kernel(name)
+    }
+    fn launch(
+        &mut self,
+        kernel: KernelId,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> DeviceResult<()> {
+        (**self).launch(kernel, grid, block, args)
+    }
+    fn gemm(&mut self, g: &Gemm) -> DeviceResult<()> {
+        (**self).gemm(g)
+    }
+    fn synchronize(&mut self) -> DeviceResult<()> {
+        (**self).synchronize()
+    }
+    fn begin_capture(&mut self) -> DeviceResult<()> {
+        (**self).begin_capture()
+    }
+    fn end_capture(&mut self) -> DeviceResult<GraphId> {
+        (**self).end_capture()
+    }
+    fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()> {
+        (**self).launch_graph(graph)
+    }
+}
+
+/// Bytes a row-major operand of `rows` rows of `cols` elements of `t`, `ld`
+/// elements apart, spans from its first element (`None` on overflow).
+pub fn operand_bytes(rows: usize, cols: usize, ld: usize, t: DType) -> Option<usize> {
+    rows.checked_sub(1)?
+        .checked_mul(ld)?
+        .checked_add(cols)?
+        .checked_mul(t.bytes())
+}
+
+/// Checks a GEMM before either device runs it (shared by devices, so the
+/// emulator refuses what cuBLAS would not do): a non-empty product, strides
+/// that fit the rows, non-null operands aligned for their type, A and B of
+/// one type and C of theirs or f32 (what `cublasGemmEx` computes with
+/// `CUBLAS_COMPUTE_32F`), and C overlapping neither A nor B (undefined in
+/// cuBLAS, whose tiles read A and B while C is written). A and B may overlap.
 pub fn check_gemm(g: &Gemm) -> DeviceResult<()> {
     let bad = |why: String| Err(DeviceError::Shape { what: "gemm", why });
     if g.m == 0 || g.n == 0 || g.k == 0 {
@@ -390,6 +481,41 @@ pub fn check_gemm(g: &Gemm) -> DeviceResult<()> {
     }
     if g.a == NULL || g.b == NULL || g.c == NULL {
         return bad("null operand".into());
+    }
+    if g.a_type != g.b_type || (g.c_type != g.a_type && g.c_type != DType::F32) {
+        return bad(format!(
+            "types A {:?} B {:?} C {:?}: A and B must agree, C be theirs or f32",
+            g.a_type, g.b_type, g.c_type
+        ));
+    }
+    let mut spans = [(0u64, 0u64); 3];
+    for (i, (name, ptr, rows, cols, ld, t)) in [
+        ("A", g.a, g.m, g.k, g.lda, g.a_type),
+        ("B", g.b, g.n, g.k, g.ldb, g.b_type),
+        ("C", g.c, g.m, g.n, g.ldc, g.c_type),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !ptr.is_multiple_of(t.bytes() as u64) {
+            return bad(format!(
+                "operand {name} at {ptr:#x} is misaligned for {t:?}"
+            ));
+        }
+        let end = operand_bytes(rows, cols, ld, t).and_then(|b| ptr.checked_add(b as u64));
+        match end {
+            Some(end) => spans[i] = (ptr, end),
+            None => return bad(format!("operand {name}'s extent overflows")),
+        }
+    }
+    let overlap = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    for (name, span) in [("A", spans[0]), ("B", spans[1])] {
+        if overlap(spans[2], span) {
+            return bad(format!(
+                "C ({:#x}..{:#x}) overlaps {name} ({:#x}..{:#x}): undefined in cuBLAS",
+                spans[2].0, spans[2].1, span.0, span.1
+            ));
+        }
     }
     Ok(())
 }

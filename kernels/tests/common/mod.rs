@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod compare;
+pub mod device;
 pub mod fixtures;
 pub mod lm_driver;
 pub mod lm_golden;

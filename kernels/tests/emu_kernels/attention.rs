@@ -48,7 +48,7 @@ struct Ring {
 
 impl Ring {
     fn new(
-        dev: &mut EmuDevice,
+        dev: &mut dyn Device,
         cache: Cache,
         dim: usize,
         heads: usize,
@@ -79,7 +79,7 @@ impl Ring {
 
     /// rope_kv_write then attn_decode for `rows`; checks the rotated queries
     /// and the attention output against the host. `qkv` is [rows][3·dim].
-    fn step(&mut self, dev: &mut EmuDevice, rows: &[RowInfo], qkv: &[f32], f32_out: bool) {
+    fn step(&mut self, dev: &mut dyn Device, rows: &[RowInfo], qkv: &[f32], f32_out: bool) {
         let (dim, hd) = (self.dim, self.dim / self.heads);
         let n = rows.len();
         let dq = up(dev, qkv);
@@ -225,7 +225,7 @@ impl Ring {
 fn attention_over_a_wrapped_ring_matches_naive() {
     // One row, f32 cache, 9 steps over a ring of 5.
     for cache in [Cache::F32, Cache::Bf16] {
-        let mut dev = EmuDevice::new();
+        let mut dev = device();
         let (dim, heads, cap, steps) = (128, 2, 5, 9);
         let mut ring = Ring::new(&mut dev, cache, dim, heads, cap, 1, true);
         for p in 0..steps {
@@ -246,7 +246,7 @@ fn attention_rows_slots_masks_and_bf16_output() {
     // Three cache rows (slots) at different positions, one masked row, a
     // head width of 256 (the maximum), the LM's bf16 output.
     let (dim, heads, cap) = (512, 2, 7);
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::Bf16, dim, heads, cap, 3, true);
     // Slot s uses cache row 2 − s; slot 1 is masked every third step and
     // slot 2 starts at step 2: a masked step does not advance its position.
@@ -282,7 +282,7 @@ fn attention_with_several_steps_per_call_and_no_rope() {
     // position), a ring of 4 and context 4, so early queries of a call see
     // fewer keys once the ring wrapped.
     let (dim, heads, cap) = (64, 4, 4);
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::F32, dim, heads, cap, 1, false);
     for call in 0..4 {
         let rows: Vec<RowInfo> = (0..3)
@@ -301,7 +301,7 @@ fn attention_with_several_steps_per_call_and_no_rope() {
 #[test]
 fn attention_with_an_fp8_cache() {
     let (dim, heads, cap) = (128, 1, 6);
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::Fp8(0.125), dim, heads, cap, 1, true);
     for p in 0..8 {
         let row = RowInfo {
@@ -320,7 +320,7 @@ fn a_query_with_an_empty_window_gets_zeros_not_nan() {
     // `last` a whole ring ahead of `pos`: no key of the window survives (a
     // call writing more positions than the ring holds, which hosts refuse).
     let (dim, heads, cap) = (64, 2, 3);
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let qkv = up(&mut dev, &det(3 * dim, 1.0));
     let kc = up(&mut dev, &det(cap * dim, 2.0));
     let vc = up(&mut dev, &det(cap * dim, 3.0));
@@ -391,7 +391,7 @@ fn bf16_and_fp8_conversions_are_cuda_s() {
     vals.extend(det(998, 0.25).iter().map(|v| v * 600.0));
     vals.extend((0..1000).map(|i| f32::from_bits(0x3a00_0000 + i * 0x9_1f3d)));
     let n = vals.len();
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     // bf16 through f32_to_bf16.
     let dx = up(&mut dev, &vals);
     let dy = zeros::<u16>(&mut dev, n);

@@ -30,7 +30,7 @@ fn conv1d_case(
 ) {
     let history = (kernel - 1) * dilation + 1 - stride;
     let t_out = t_in / stride;
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let w = conv_w(kernel, c_in, c_out, 1.0);
     let bias = det(c_out, 2.0);
     let (dw, db) = (up(&mut dev, &w), up(&mut dev, &bias));
@@ -143,7 +143,7 @@ fn convtr1d_dense_and_depthwise_match_a_naive_transposed_conv() {
         let (c_in, c_out) = if depthwise { (c, c) } else { (7, c) };
         let overlap = kernel - stride;
         let t_out = t_in * stride;
-        let mut dev = EmuDevice::new();
+        let mut dev = device();
         let w = if depthwise {
             det(c * kernel, 3.0)
         } else {

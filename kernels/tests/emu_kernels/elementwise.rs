@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn activations_match_the_cpu() {
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let (rows, hidden) = (3, 1000);
     let ff: Vec<f32> = det(rows * 2 * hidden, 1.5)
         .iter()

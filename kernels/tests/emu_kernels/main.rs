@@ -1,5 +1,7 @@
-//! The kernels of `cuda/` run on the emulator device through `Device::launch`,
-//! checked against the CPU reference of `moshid-model` (`ops`, sampling) or
+//! The kernels of `cuda/` run through `Device::launch` — on the emulator in
+//! CI, on a GPU with `MOSHID_TEST_DEVICE=cuda` (`scripts/gpu-check`, one
+//! process per family: `emu_kernels attention::`) — checked against the CPU
+//! reference of `moshid-model` (`ops`, sampling) or
 //! naive host computations: norms, RoPE with the ring KV cache and attention
 //! (f32, bf16 and fp8 caches), sampling with its RNG draws, RVQ, streaming
 //! convolutions with their state, the activations, GEMMs in every dtype
@@ -11,7 +13,19 @@
 //! are the `#define`s there.
 //!
 //! This file holds the host twins of the kernels' structs and the helpers
-//! every family's tests share; each family is a module of its own.
+//! every family's tests share; each family is a module of its own. Every
+//! family's tests take their device from [`device`] and write against
+//! `dyn Device`, so they run on either device; `scheduler` and `errors`
+//! (the emulator's own scheduler, thread orders, poisoning and refusals) use
+//! `EmuDevice` by name and are left out on a GPU. The tolerances hold for a
+//! GPU too: its `expf`, `erff`, `rsqrtf` are within 2 ulp and its kernels
+//! contract multiply-adds (the emulator does neither), so nothing compares a
+//! computed float bit for bit with a host value; discrete results (tokens,
+//! codes, conversions) are compared exactly where the inputs keep them away
+//! from ties.
+
+#[path = "../common/device.rs"]
+mod test_device;
 
 mod attention;
 mod attention_gqa;
@@ -40,6 +54,11 @@ const SAMPLE_THREADS: u32 = 512;
 const CONV_THREADS: u32 = 128;
 const RVQ_THREADS: u32 = 256;
 const RVQ_DEC_THREADS: u32 = 128;
+
+/// The device of a generic test (see the module doc).
+fn device() -> Box<dyn Device> {
+    test_device::open(test_device::Kind::Emu, true)
+}
 
 // ---------------------------------------------------------------- host twins and helpers
 
@@ -143,22 +162,22 @@ fn bytes<T: Plain>(v: &[T]) -> Vec<u8> {
 }
 
 /// A fresh allocation holding `v`.
-fn up<T: Plain>(dev: &mut EmuDevice, v: &[T]) -> DevPtr {
+fn up<T: Plain>(dev: &mut dyn Device, v: &[T]) -> DevPtr {
     let p = dev.alloc((v.len() * T::SIZE).max(1)).unwrap();
     dev.upload(p, &bytes(v)).unwrap();
     p
 }
 
 /// A zeroed allocation of `n` elements of `T`.
-fn zeros<T: Plain>(dev: &mut EmuDevice, n: usize) -> DevPtr {
+fn zeros<T: Plain>(dev: &mut dyn Device, n: usize) -> DevPtr {
     dev.alloc((n * T::SIZE).max(1)).unwrap()
 }
 
-fn write<T: Plain>(dev: &mut EmuDevice, p: DevPtr, v: &[T]) {
+fn write<T: Plain>(dev: &mut dyn Device, p: DevPtr, v: &[T]) {
     dev.upload(p, &bytes(v)).unwrap();
 }
 
-fn down<T: Plain>(dev: &mut EmuDevice, p: DevPtr, n: usize) -> Vec<T> {
+fn down<T: Plain>(dev: &mut dyn Device, p: DevPtr, n: usize) -> Vec<T> {
     let mut b = vec![0u8; n * T::SIZE];
     dev.download(p, &mut b).unwrap();
     b.chunks_exact(T::SIZE).map(T::get).collect()
@@ -168,7 +187,7 @@ fn det(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + seed) * 0.7137).sin()).collect()
 }
 
-fn k(dev: &EmuDevice, name: &str) -> KernelId {
+fn k(dev: &dyn Device, name: &str) -> KernelId {
     dev.kernel(name).unwrap()
 }
 

@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn rms_norm_matches_the_cpu_in_f32_and_bf16() {
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let (n, dim) = (3, 4096);
     let x = det(n * dim, 1.0);
     let alpha = det(dim, 2.0);
@@ -53,7 +53,7 @@ fn rms_norm_matches_the_cpu_in_f32_and_bf16() {
 
 #[test]
 fn layer_norm_matches_the_cpu() {
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let (n, dim) = (4, 512);
     let x: Vec<f32> = det(n * dim, 3.0).iter().map(|v| v * 3.0 + 0.5).collect();
     let (w, b) = (det(dim, 4.0), det(dim, 5.0));

@@ -27,7 +27,7 @@ fn rvq_encode_finds_nearest_and_decode_sums() {
     // Both distance paths: the expanded form and the exact-distance path (≤ 25
     // entries), a masked step and a code out of range.
     for (n, dq, bins, books) in [(4, 256, 2048, 3), (3, 32, 20, 2)] {
-        let mut dev = EmuDevice::new();
+        let mut dev = device();
         let book = det(books * bins * dq, 9.0);
         let (books_t, norms) = transpose_books(&book, books, bins, dq);
         let x = det(n * dq, 3.0);

@@ -47,7 +47,7 @@ pub(crate) struct Sampling {
 }
 
 pub(crate) fn sample(
-    dev: &mut EmuDevice,
+    dev: &mut dyn Device,
     s: &Sampling,
     vocab: usize,
     n: usize,
@@ -76,7 +76,7 @@ pub(crate) fn sample(
 #[test]
 fn sampling_greedy_top1_and_rng_draws() {
     // Greedy, top-1 and the RNG's draw count.
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let vocab = 48_000;
     let mut logits = det(2 * vocab, 5.0);
     logits[1234] = 9.0;
@@ -120,7 +120,7 @@ fn sampling_greedy_top1_and_rng_draws() {
 
 #[test]
 fn sampling_draws_as_the_cpu_and_the_kernel_s_rules() {
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let vocab = 2048 + 17;
     let n = 4;
     let logits: Vec<f32> = det(n * vocab, 11.0).iter().map(|v| v * 4.0).collect();
@@ -180,7 +180,7 @@ fn sampling_draws_as_the_cpu_and_the_kernel_s_rules() {
 
 #[test]
 fn sampling_with_guidance_mixes_the_rows() {
-    let mut dev = EmuDevice::new();
+    let mut dev = device();
     let vocab = 1000;
     let mut logits = det(2 * vocab, 2.0);
     // cond favours 10, null 20; coef 3: null + (cond − null)·3 favours 10 more.

@@ -39,7 +39,12 @@ fn scheduler_shuffles_barriers_and_misuses() {
         assert_eq!(g[3], v(7), "idx, thread {t}");
     }
     // A missing barrier shows in every order; with it, every order agrees.
-    for order in [Order::Reverse, Order::Forward, Order::Shuffled(5)] {
+    for order in [
+        Order::Reverse,
+        Order::Forward,
+        Order::Shuffled(5),
+        Order::WarpsAhead(2),
+    ] {
         dev.set_order(order);
         let want: Vec<i32> = (0..256).map(|t| (t + 1) % 256).collect();
         for barrier in [1, 0] {
@@ -152,13 +157,22 @@ fn results_do_not_depend_on_the_thread_order() {
         )
     };
     let base = run(Order::Reverse);
-    for order in [Order::Forward, Order::Shuffled(1), Order::Shuffled(99)] {
+    for order in [
+        Order::Forward,
+        Order::Shuffled(1),
+        Order::Shuffled(99),
+        Order::WarpsAhead(1),
+        Order::WarpsAhead(8),
+    ] {
         let r = run(order);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let first_diff = |a: &[u32], b: &[u32]| a.iter().zip(b).position(|(x, y)| x != y);
         assert_eq!(r.0, base.0, "{order:?}: tokens");
-        assert_eq!(
-            r.1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            base.1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{order:?}: layer norm"
+        let (got, want) = (bits(&r.1), bits(&base.1));
+        assert!(
+            got == want,
+            "{order:?}: layer norm differs first at {:?}",
+            first_diff(&got, &want)
         );
         assert_eq!(r.2, base.2, "{order:?}: codes");
     }
@@ -278,4 +292,45 @@ fn emulator_speed() {
         spin.as_secs_f64() * 1e3,
         spin_switches as f64 / spin.as_secs_f64() / 1e6
     );
+}
+
+#[test]
+fn shared_memory_is_poisoned_at_every_block_start() {
+    // What no thread of a block wrote reads as the poison, in every block
+    // (never the value the previous block left), in every order.
+    use moshid_kernels::device::emu::POISON;
+    for order in [
+        Order::Reverse,
+        Order::Forward,
+        Order::Shuffled(3),
+        Order::WarpsAhead(4),
+    ] {
+        let mut dev = EmuDevice::new();
+        dev.set_order(order);
+        let (blocks, threads) = (3usize, 64usize);
+        let out = zeros::<i32>(&mut dev, blocks * threads + blocks);
+        dev.launch(
+            k(&dev, "emu_selftest_unwritten_shared"),
+            (blocks as u32, 1, 1),
+            threads as u32,
+            &[Arg::Ptr(out)],
+        )
+        .unwrap();
+        let got = down::<i32>(&mut dev, out, blocks * threads + blocks);
+        for b in 0..blocks {
+            for t in 0..threads {
+                let want = if (t + b) % 2 == 0 {
+                    (t + 1000 * b) as i32
+                } else {
+                    POISON as i32
+                };
+                assert_eq!(got[b * threads + t], want, "{order:?} block {b} thread {t}");
+            }
+            // Float shared memory reads as NaN (and NaN stays NaN).
+            assert!(
+                f32::from_bits(got[blocks * threads + b] as u32).is_nan(),
+                "{order:?}"
+            );
+        }
+    }
 }

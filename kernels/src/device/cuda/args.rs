@@ -200,7 +200,7 @@ mod tests {
     fn every_kernel_declaration_parses() {
         let include = match compile::nvrtc_version()
             .map_err(|e| e.to_string())
-            .and_then(|_| compile::find_cuda_include(&[]).map_err(|e| e.to_string()))
+            .and_then(|_| compile::cuda_include_dirs(&[]).map_err(|e| e.to_string()))
         {
             Ok(p) => p,
             Err(why) => {
@@ -208,11 +208,7 @@ mod tests {
                 return;
             }
         };
-        let cfg = CompileConfig {
-            arch: Arch::parse("sm_90").unwrap(),
-            include_dirs: vec![include],
-            cache_dir: None,
-        };
+        let cfg = CompileConfig::new(Arch::parse("sm_90").unwrap(), include);
         for c in compile::compile_all(&cfg).unwrap() {
             for &k in c.module.kernels {
                 let p = entry_params(&c.ptx, k);

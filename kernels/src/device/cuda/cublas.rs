@@ -5,15 +5,18 @@
 //!
 //! Invariants: the workspace is set with `cublasSetWorkspace_v2` *after*
 //! `cublasSetStream_v2` (which would reset it), so cuBLAS never allocates
-//! and a GEMM is capturable; a GEMM reaches cuBLAS only with A and B of one
-//! type, C of theirs or f32, every operand aligned and inside one
-//! allocation, and every size within a cuBLAS `int`.
+//! and a GEMM is capturable; a GEMM reaches cuBLAS only after the checks
+//! both devices share (`check_gemm`: A and B of one type, C of theirs or
+//! f32, every operand aligned, C overlapping neither A nor B), with every
+//! operand inside one allocation of this device, and through the pure
+//! translation of `cublas_args.rs`.
 
 use super::calls::{call, guarded};
+use super::cublas_args::{gemm_ex, Op};
 use super::memory::ALLOC_ALIGN;
 use super::symbols::{missing_symbols, CUBLAS_SYMBOLS};
 use super::CudaDevice;
-use crate::device::{check_gemm, DType, DeviceError, DeviceResult, Gemm};
+use crate::device::{operand_bytes, DType, DeviceError, DeviceResult, Gemm};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;
 
@@ -75,80 +78,55 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Bytes a row-major `rows × cols` operand with stride `ld` spans.
-    fn extent(rows: usize, cols: usize, ld: usize, t: DType) -> Option<usize> {
-        (rows - 1)
-            .checked_mul(ld)?
-            .checked_add(cols)?
-            .checked_mul(t.bytes())
-    }
-
     pub(super) fn gemm_inner(&self, g: &Gemm) -> DeviceResult<()> {
-        check_gemm(g)?;
-        if g.a_type != g.b_type || (g.c_type != g.a_type && g.c_type != DType::F32) {
-            return Err(DeviceError::shape(
-                "gemm",
-                format!(
-                    "types A {:?} B {:?} C {:?}: A and B must agree, C be theirs or f32",
-                    g.a_type, g.b_type, g.c_type
-                ),
-            ));
-        }
+        // The shared checks (shape, types, alignment, no C over A or B) and
+        // the translation into cuBLAS's column-major arguments (a pure
+        // function, checked on the CPU: cublas_args.rs).
+        let e = gemm_ex(g)?;
         for (what, ptr, rows, cols, ld, t) in [
             ("gemm A", g.a, g.m, g.k, g.lda, g.a_type),
             ("gemm B", g.b, g.n, g.k, g.ldb, g.b_type),
             ("gemm C", g.c, g.m, g.n, g.ldc, g.c_type),
         ] {
-            if !ptr.is_multiple_of(t.bytes() as u64) {
-                return Err(DeviceError::shape(
-                    what,
-                    format!("operand {ptr:#x} is misaligned"),
-                ));
-            }
-            let bytes = Self::extent(rows, cols, ld, t)
+            let bytes = operand_bytes(rows, cols, ld, t)
                 .ok_or_else(|| DeviceError::shape(what, "operand size overflows"))?;
             self.check_range(what, ptr, bytes)?;
         }
-        let int = |what: &'static str, v: usize| {
-            i32::try_from(v).map_err(|_| {
-                DeviceError::shape("gemm", format!("{what} = {v} exceeds a cuBLAS int"))
-            })
-        };
-        let (m, n, k) = (int("m", g.m)?, int("n", g.n)?, int("k", g.k)?);
-        let (lda, ldb, ldc) = (int("lda", g.lda)?, int("ldb", g.ldb)?, int("ldc", g.ldc)?);
         let ty = |t: DType| match t {
             DType::F32 => blas::cudaDataType::CUDA_R_32F,
             DType::Bf16 => blas::cudaDataType::CUDA_R_16BF,
         };
-        let (alpha, beta) = (g.alpha, g.beta);
+        let op = |o: Op| match o {
+            Op::N => blas::cublasOperation_t::CUBLAS_OP_N,
+            Op::T => blas::cublasOperation_t::CUBLAS_OP_T,
+        };
+        let (alpha, beta) = (e.alpha, e.beta);
         self.bind()?;
         let handle = self.blas;
-        // Row-major C (m×n) = A (m×k) · Bᵀ is column-major Cᵀ (n×m) = B · Aᵀ,
-        // where B row-major (n×k) is column-major k×n (so op T) and A
-        // row-major (m×k) is column-major k×m (op N).
         // SAFETY: the handle is live and bound to our stream; A, B and C lie
         // inside allocations of this device (checked above) with the strides
-        // given; alpha and beta are f32 host scalars as the f32 compute type
-        // and the default (host) pointer mode require, read during the call.
+        // given, C overlapping neither A nor B (`check_gemm`); alpha and beta
+        // are f32 host scalars as the f32 compute type and the default (host)
+        // pointer mode require, read during the call.
         call("cublasGemmEx", || unsafe {
             cudarc::cublas::result::gemm_ex(
                 handle,
-                blas::cublasOperation_t::CUBLAS_OP_T,
-                blas::cublasOperation_t::CUBLAS_OP_N,
-                n,
-                m,
-                k,
+                op(e.transa),
+                op(e.transb),
+                e.m,
+                e.n,
+                e.k,
                 &alpha as *const f32 as *const c_void,
-                g.b as usize as *const c_void,
-                ty(g.b_type),
-                ldb,
-                g.a as usize as *const c_void,
-                ty(g.a_type),
-                lda,
+                e.a as usize as *const c_void,
+                ty(e.a_type),
+                e.lda,
+                e.b as usize as *const c_void,
+                ty(e.b_type),
+                e.ldb,
                 &beta as *const f32 as *const c_void,
-                g.c as usize as *mut c_void,
-                ty(g.c_type),
-                ldc,
+                e.c as usize as *mut c_void,
+                ty(e.c_type),
+                e.ldc,
                 blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )

@@ -1,15 +1,12 @@
 //! Helpers shared by the `#[ignore]`d GPU tests of `cublas.rs` and
-//! `capture.rs` (run by `scripts/gpu-check`): opening device 0 with a PTX
-//! cache, deterministic data, and f32 to and from bytes.
+//! `capture.rs` (run by `scripts/gpu-check`): opening device 0 as every GPU
+//! test does ([`CudaOpenOptions::from_test_env`]), deterministic data, and
+//! f32 to and from bytes.
 
 use super::{CudaDevice, CudaOpenOptions};
 
 pub(super) fn open() -> CudaDevice {
-    let opts = CudaOpenOptions {
-        cache_dir: Some(std::env::temp_dir().join("moshid-ptx-cache-tests")),
-        ..CudaOpenOptions::default()
-    };
-    CudaDevice::open(0, &opts).expect("a GPU")
+    CudaDevice::open(0, &CudaOpenOptions::from_test_env()).expect("a GPU")
 }
 
 pub(super) fn det(n: usize, seed: f32) -> Vec<f32> {

@@ -1,7 +1,9 @@
 //! The kernel table and launches: at `open`, every module of
-//! [`compile::MODULES`] is compiled (or read from the PTX cache), loaded and
-//! resolved into a table indexed by [`KernelId`], with each kernel's
-//! parameter sizes read from its PTX; a launch is checked against them.
+//! [`compile::MODULES`] is compiled (or read from the cache) to PTX and to
+//! the device's SASS, loaded — the cubin first, the PTX when the cubin does
+//! not load (a failure of both names both causes) — and resolved into a
+//! table indexed by [`KernelId`], with each kernel's parameter sizes read
+//! from its PTX; a launch is checked against them.
 //!
 //! Invariants: a launch reaches `cuLaunchKernel` only with a known kernel,
 //! arguments matching its PTX declaration in number and size (where it was
@@ -25,38 +27,80 @@ pub(super) struct Kernel {
 
 impl CudaDevice {
     pub(super) fn load_kernels(&mut self, opts: &CudaOpenOptions) -> DeviceResult<()> {
-        let mut include_dirs = opts.include_dirs.clone();
-        if !include_dirs.iter().any(|d| d.join("cuda_bf16.h").is_file()) {
-            include_dirs.push(compile::find_cuda_include(&include_dirs)?);
-        }
+        // The daemon's include search (CUDA 13's include/cccl added).
+        let include_dirs = compile::cuda_include_dirs(&opts.include_dirs)?;
         let nvrtc = compile::nvrtc_version()?;
+        // SASS runs on devices of its major architecture with a minor
+        // revision at least its own; beyond that only PTX can be JIT-compiled.
+        let sass = self.arch.compute_capability().0 == self.capability.0;
         let compiled = compile::compile_all(&CompileConfig {
             arch: self.arch,
             include_dirs,
             cache_dir: opts.cache_dir.clone(),
+            fmad: opts.fmad,
+            cubin: sass,
+            driver_version: Some(self.driver_version),
         })?;
         self.bind()?;
+        let driver = (self.driver_version / 1000, self.driver_version % 1000 / 10);
         for c in &compiled {
-            let ptx = cudarc::nvrtc::Ptx::from_src(c.ptx.clone());
-            let module =
-                guarded("cuModuleLoadData", || self.ctx.load_module(ptx))?.map_err(|e| {
-                    DeviceError::Call {
-                        call: "cuModuleLoadData",
-                        why: format!(
-                        "{} for {}: {} (PTX from NVRTC {}.{} needs a driver supporting CUDA {}.{}; \
-                         this one supports {}.{})",
+            // The cubin first: it needs no JIT, so no driver as new as
+            // NVRTC's PTX ISA; the PTX when the cubin does not load.
+            let mut cubin_error = None;
+            let mut module = None;
+            if let Some(bin) = &c.cubin {
+                let image = cudarc::nvrtc::Ptx::from_binary(bin.clone());
+                match guarded("cuModuleLoadData", || self.ctx.load_module(image))? {
+                    Ok(m) => {
+                        self.load_report.push(format!(
+                            "{}: SASS {} (cubin, {} bytes)",
+                            c.module.file,
+                            c.arch,
+                            bin.len()
+                        ));
+                        module = Some(m);
+                    }
+                    Err(e) => cubin_error = Some(e.describe()),
+                }
+            }
+            let module = match module {
+                Some(m) => m,
+                None => {
+                    let ptx = cudarc::nvrtc::Ptx::from_src(c.ptx.clone());
+                    let m = guarded("cuModuleLoadData", || self.ctx.load_module(ptx))?.map_err(|e| {
+                        DeviceError::Call {
+                            call: "cuModuleLoadData",
+                            why: format!(
+                                "{} for {}: the PTX did not load: {} (PTX from NVRTC {}.{} needs a driver \
+                                 supporting CUDA {}.{}; this one supports {}.{}){}",
+                                c.module.file,
+                                c.arch,
+                                e.describe(),
+                                nvrtc.0,
+                                nvrtc.1,
+                                nvrtc.0,
+                                nvrtc.1,
+                                driver.0,
+                                driver.1,
+                                cubin_error
+                                    .as_ref()
+                                    .map_or(String::new(), |w| format!("; nor did its cubin: {w}"))
+                            ),
+                        }
+                    })?;
+                    self.load_report.push(format!(
+                        "{}: PTX for {} (JIT-compiled by the driver){}",
                         c.module.file,
                         c.arch,
-                        e.describe(),
-                        nvrtc.0,
-                        nvrtc.1,
-                        nvrtc.0,
-                        nvrtc.1,
-                        self.driver_version / 1000,
-                        self.driver_version % 1000 / 10
-                    ),
-                    }
-                })?;
+                        cubin_error.map_or_else(
+                            || " (no cubin: the device's architecture is newer than any known)"
+                                .to_string(),
+                            |w| format!(" (the cubin did not load: {w})")
+                        )
+                    ));
+                    m
+                }
+            };
             for &name in c.module.kernels {
                 let func = call("cuModuleGetFunction", || module.load_function(name))?;
                 self.kernels.push(Kernel {

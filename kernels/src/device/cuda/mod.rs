@@ -5,13 +5,15 @@
 //! [`DeviceError::NoDriver`], never a panic), retains the device's primary
 //! context (the one cuBLAS's runtime also uses), creates one non-blocking
 //! stream, compiles every module of [`compile::MODULES`] for the device's
-//! architecture (PTX cache on disk), loads them and resolves every kernel into
-//! a table indexed by [`KernelId`], and creates a cuBLAS handle bound to the
-//! stream with its own workspace.
+//! architecture to SASS and PTX (cached on disk, keyed by the driver's
+//! version too), loads the SASS (the PTX when it does not load) and resolves
+//! every kernel into a table indexed by [`KernelId`], and creates a cuBLAS
+//! handle bound to the stream with its own workspace.
 //!
 //! **Untested on a GPU**: it compiles and its host-side checks are tested
 //! here; the `#[ignore]`d tests (GEMMs in `cublas.rs`, a graph replay in
-//! `capture.rs`) are for `scripts/gpu-check`.
+//! `capture.rs`) and the per-kernel tests run on it with
+//! `MOSHID_TEST_DEVICE=cuda` are for `scripts/gpu-check`.
 //!
 //! Invariants:
 //! - One stream. Every copy, fill, launch, GEMM and graph launch is issued on
@@ -64,8 +66,10 @@
 //! library symbols checked at open), `memory.rs` (allocations, pinned host
 //! buffers, copies and fills, range checks), `args.rs` (argument packing and
 //! PTX `.entry` parsing), `launch.rs` (the kernel table and launches),
-//! `cublas.rs` (the cuBLAS handle, its workspace and the GEMM mapping),
-//! `capture.rs` (graph capture, instantiation and launch).
+//! `cublas.rs` (the cuBLAS handle and its workspace), `cublas_args.rs` (the
+//! pure translation of a row-major GEMM into `cublasGemmEx` arguments,
+//! checked on the CPU), `debug.rs` (the debug-sync mode that names a failing
+//! kernel), `capture.rs` (graph capture, instantiation and launch).
 //!
 //! [`compile`]: crate::compile
 //! [`compile::MODULES`]: crate::compile::MODULES
@@ -74,6 +78,8 @@ mod args;
 mod calls;
 mod capture;
 mod cublas;
+pub mod cublas_args;
+mod debug;
 #[cfg(test)]
 mod gpu_test;
 mod launch;
@@ -102,14 +108,22 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 #[derive(Debug, Clone)]
 pub struct CudaOpenOptions {
     /// Folders NVRTC searches for `#include <…>` (CUDA's own headers). When
-    /// none holds `cuda_bf16.h`, [`compile::find_cuda_include`] adds one.
+    /// none holds `cuda_bf16.h`, [`compile::find_cuda_include`] adds one;
+    /// CUDA 13's `include/cccl` is added next to it ([`compile::cuda_include_dirs`]).
     ///
     /// [`compile::find_cuda_include`]: crate::compile::find_cuda_include
+    /// [`compile::cuda_include_dirs`]: crate::compile::cuda_include_dirs
     pub include_dirs: Vec<PathBuf>,
-    /// PTX cache folder; `None` compiles every time.
+    /// Kernel cache folder (PTX and cubins); `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
     /// Bytes of the cuBLAS workspace.
     pub cublas_workspace_bytes: usize,
+    /// FMA contraction in the kernels (NVRTC's `--fmad`): on when serving;
+    /// off for the exactness tests (see `compile::CompileConfig::fmad`).
+    pub fmad: bool,
+    /// Synchronise after every launch and GEMM and name the one that fails
+    /// (see `debug.rs`): for finding a failing kernel, not for serving.
+    pub debug_sync: bool,
 }
 
 impl Default for CudaOpenOptions {
@@ -118,7 +132,28 @@ impl Default for CudaOpenOptions {
             include_dirs: Vec::new(),
             cache_dir: None,
             cublas_workspace_bytes: CUBLAS_WORKSPACE_BYTES,
+            fmad: true,
+            debug_sync: false,
         }
+    }
+}
+
+impl CudaOpenOptions {
+    /// The options the GPU tests and the GPU runbook open devices with: the
+    /// kernel cache in `$TMPDIR/moshid-kernel-cache` (one for every test
+    /// process of a run, so NVRTC compiles once), the headers of
+    /// `$MOSHID_CUDA_INCLUDE` when set, and debug-sync when
+    /// `MOSHID_CUDA_DEBUG_SYNC=1` (a failure names its kernel).
+    pub fn from_test_env() -> CudaOpenOptions {
+        let mut opts = CudaOpenOptions {
+            cache_dir: Some(std::env::temp_dir().join("moshid-kernel-cache")),
+            debug_sync: std::env::var("MOSHID_CUDA_DEBUG_SYNC").is_ok_and(|v| v == "1"),
+            ..CudaOpenOptions::default()
+        };
+        if let Some(dir) = std::env::var_os("MOSHID_CUDA_INCLUDE") {
+            opts.include_dirs.push(dir.into());
+        }
+        opts
     }
 }
 
@@ -138,6 +173,9 @@ pub struct CudaDevice {
     arch: Arch,
     capability: (u32, u32),
     driver_version: i32,
+    debug_sync: bool,
+    /// How each module was loaded (SASS, or PTX and why), one line each.
+    load_report: Vec<String>,
 }
 
 // SAFETY: the raw handles (cuBLAS handle, graph execs, functions, stream) are
@@ -194,6 +232,8 @@ impl CudaDevice {
             arch,
             capability,
             driver_version,
+            debug_sync: opts.debug_sync,
+            load_report: Vec::new(),
         };
         dev.load_kernels(opts)?;
         dev.init_cublas(opts.cublas_workspace_bytes)?;
@@ -213,6 +253,17 @@ impl CudaDevice {
     /// The driver's CUDA version (`cuDriverGetVersion`, e.g. 12060).
     pub fn driver_version(&self) -> i32 {
         self.driver_version
+    }
+
+    /// How each kernel module was loaded: `norm.cu: SASS sm_90 (cubin)`, or
+    /// `…: PTX (the cubin did not load: …)`.
+    pub fn load_report(&self) -> &[String] {
+        &self.load_report
+    }
+
+    /// Whether every launch and GEMM is followed by a synchronisation.
+    pub fn debug_sync(&self) -> bool {
+        self.debug_sync
     }
 
     /// Number of captured graphs.
@@ -345,12 +396,16 @@ impl Device for CudaDevice {
         block: u32,
         args: &[Arg],
     ) -> DeviceResult<()> {
-        let r = self.launch_inner(kernel, grid, block, args);
+        let r = self
+            .launch_inner(kernel, grid, block, args)
+            .and_then(|_| self.debug_sync_after(|d| d.describe_launch(kernel, grid, block, args)));
         self.checked(r)
     }
 
     fn gemm(&mut self, g: &Gemm) -> DeviceResult<()> {
-        let r = self.gemm_inner(g);
+        let r = self
+            .gemm_inner(g)
+            .and_then(|_| self.debug_sync_after(|d| d.describe_gemm_call(g)));
         self.checked(r)
     }
 
@@ -361,6 +416,13 @@ impl Device for CudaDevice {
         // SAFETY: our stream.
         call("cuStreamSynchronize", || unsafe {
             cudarc::driver::result::stream::synchronize(stream)
+        })
+        .map_err(|e| match e {
+            DeviceError::Call { call, why } => DeviceError::Call {
+                call,
+                why: format!("{why}{}", self.sync_hint()),
+            },
+            e => e,
         })
     }
 
@@ -389,5 +451,51 @@ mod tests {
             Ok(d) => eprintln!("skipped: a GPU is present here ({})", d.name()),
             Err(e) => eprintln!("skipped: a driver is present but the device did not open: {e}"),
         }
+    }
+
+    /// The runbook's first step: the device opens (context, stream, every
+    /// module compiled and loaded, cuBLAS), and says how.
+    #[test]
+    #[ignore = "needs a GPU (scripts/gpu-check)"]
+    fn the_device_opens_and_reports() {
+        let t = std::time::Instant::now();
+        let d =
+            CudaDevice::open(0, &CudaOpenOptions::from_test_env()).expect("opening CUDA device 0");
+        let (free, total) = d.memory().unwrap();
+        println!(
+            "opened {} in {:.1} s: compute capability {}.{}, kernels for {}, driver CUDA {}.{}, \
+             {:.1} of {:.1} GiB free, debug_sync {}",
+            d.name(),
+            t.elapsed().as_secs_f64(),
+            d.compute_capability().0,
+            d.compute_capability().1,
+            d.arch(),
+            d.driver_version() / 1000,
+            d.driver_version() % 1000 / 10,
+            free as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            d.debug_sync(),
+        );
+        for line in d.load_report() {
+            println!("  {line}");
+        }
+        assert_eq!(d.load_report().len(), crate::compile::MODULES.len());
+        let n: usize = crate::compile::MODULES
+            .iter()
+            .map(|m| m.kernels.len())
+            .sum();
+        for m in crate::compile::MODULES {
+            for k in m.kernels {
+                d.kernel(k).unwrap();
+            }
+        }
+        println!("  {n} kernels resolved");
+        // A second open reads the kernel cache the first one wrote.
+        let t = std::time::Instant::now();
+        drop(CudaDevice::open(0, &CudaOpenOptions::from_test_env()).unwrap());
+        println!(
+            "reopened from the kernel cache in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     }
 }

@@ -3,8 +3,9 @@
 //! to nearest even as `__float2bfloat16_rn` does.
 //!
 //! Invariants: only validated GEMMs (operands checked to lie inside live
-//! allocations, aligned) reach [`gemm`]; memory is read and written through
-//! raw pointers only, so C may alias A or B; C is never read when beta is 0;
+//! allocations, aligned, C overlapping neither A nor B, as cuBLAS requires)
+//! reach [`gemm`]; memory is read and written through raw pointers only; C
+//! is never read when beta is 0;
 //! the scratch buffer is grown on first use and then reused (a steady-state
 //! step allocates nothing).
 
@@ -87,8 +88,8 @@ pub(super) fn gemm(g: &Gemm, scratch: &mut Vec<f32>) {
     let (a, b) = scratch.split_at_mut(g.m * g.k);
     let b = &mut b[..NB * g.k];
     // SAFETY: the operands were checked to lie inside live allocations,
-    // aligned (`check_operand`); they are read through raw pointers only, so
-    // C may alias them without a Rust reference being invalidated.
+    // aligned (`check_operand`), C apart from A and B (`check_gemm`); they
+    // are read and written through raw pointers only.
     unsafe { widen(g.a, g.a_type, 0, g.m, g.lda, g.k, a) };
     for n0 in (0..g.n).step_by(NB) {
         let nb = NB.min(g.n - n0);

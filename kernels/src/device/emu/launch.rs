@@ -9,7 +9,7 @@
 //! low bytes; a kernel that fails at run time leaves the device faulted.
 
 use super::{ffi, EmuDevice};
-use crate::device::{Arg, DeviceError, DeviceResult};
+use crate::device::{describe_args, Arg, DevPtr, DeviceError, DeviceResult};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
@@ -90,6 +90,13 @@ pub enum Order {
     Forward,
     /// A pseudo-random permutation per pass, from this seed.
     Shuffled(u32),
+    /// One warp at a time, warps in a pseudo-random order per pass from this
+    /// seed, each running as far as it can (through its warp operations, up
+    /// to a block barrier) before the next starts: as warps drift apart on a
+    /// GPU. Shows a warp that overwrites shared memory another warp has yet
+    /// to read (a missing `__syncthreads` between two uses of one buffer),
+    /// which the lane-by-lane orders cannot.
+    WarpsAhead(u32),
 }
 
 impl Order {
@@ -97,7 +104,8 @@ impl Order {
         match self {
             Order::Reverse => 0,
             Order::Forward => 1,
-            Order::Shuffled(seed) => 2 + seed % (u32::MAX - 2),
+            Order::Shuffled(seed) => 2 + seed % (0x7fff_fffd),
+            Order::WarpsAhead(seed) => 0x8000_0000 | (2 + seed % 0x7fff_fffd),
         }
     }
 }
@@ -106,6 +114,14 @@ impl Order {
 pub(super) const MAX_LAUNCH_ARGS: usize = 32;
 
 impl EmuDevice {
+    /// The allocation (start, bytes) at or before `p`, if any.
+    pub(super) fn alloc_at(&self, p: DevPtr) -> Option<(DevPtr, usize)> {
+        self.allocs
+            .range(..=p)
+            .next_back()
+            .map(|(&b, a)| (b, a.bytes))
+    }
+
     /// Runs a validated launch.
     pub(super) fn run(
         &mut self,
@@ -163,7 +179,11 @@ impl EmuDevice {
         if rc != 0 {
             // SAFETY: the runtime wrote a NUL-terminated message into err.
             let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-            let msg = format!("{}<<<{grid:?}, {block}>>>: {msg}", k.name);
+            let msg = format!(
+                "`{}`<<<{grid:?}, {block}>>>{}: {msg}",
+                k.name,
+                describe_args(args, &|p| self.alloc_at(p))
+            );
             self.fault = Some(msg.clone());
             return Err(DeviceError::Call {
                 call: "emulator launch",

@@ -27,18 +27,23 @@
 //!   [`DeviceError::Shape`] and nothing runs. What a kernel does with the
 //!   pointers it was given stays its own business: the guard pages catch the
 //!   common overrun, nothing catches an index into a neighbouring buffer.
-//! - Work runs when issued (one stream, issue order trivially); while
-//!   capturing it is recorded instead, arguments by value and host-buffer
-//!   copies by address (as CUDA graphs do; the device keeps every host buffer
-//!   it handed out alive, so a replay never reads freed memory). What CUDA
+//! - Work runs when issued (one stream, issue order trivially), or in the
+//!   deferred mode ([`EmuDevice::set_deferred`]) at the next synchronisation,
+//!   with the host buffers it writes poisoned until then; while capturing it
+//!   is recorded instead, arguments by value and host-buffer copies by
+//!   address (as CUDA graphs do; the device keeps every host buffer it
+//!   handed out alive, so a replay never reads freed memory). What CUDA
 //!   refuses during capture is refused here too ([`DeviceError::Capture`]):
 //!   `alloc`, `alloc_host`, `upload`, `download`, `synchronize`, a nested
 //!   `begin_capture`; any error while capturing discards the capture.
 //! - A kernel that fails at run time (deadlock, bad warp operation) leaves
 //!   the device faulted, as a CUDA context after an illegal access: that
 //!   launch and every later call return the error, `synchronize` included.
-//! - GEMMs are computed on the CPU with f32 accumulation (bf16 operands
-//!   widened, a bf16 C rounded to nearest even), C never read when beta is 0.
+//! - GEMMs pass the checks both devices share (`check_gemm`: types cuBLAS
+//!   computes, C overlapping neither A nor B) and are computed on the CPU
+//!   with f32 accumulation (bf16 operands widened, a bf16 C rounded to
+//!   nearest even), C never read when beta is 0.
+//! - Shared memory is poisoned at the start of every block (`cuda_emu.h`).
 //! - The device is `Send`: the scheduler's state (fiber stacks, `__shared__`
 //!   variables) is per OS thread, so devices on different threads, tests
 //!   running in parallel included, never share it.
@@ -67,6 +72,12 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
+
+/// The garbage word (little-endian, repeated from a variable's start) that
+/// fills shared memory at every block start and host buffers a deferred
+/// copy will write (`EMU_SHARED_POISON_WORD` of `cuda_emu.h`): NaN as an
+/// f32 and as the high bf16 of a pair, -4534017 as an int.
+pub const POISON: u32 = 0xffba_d0ff;
 
 /// Memory limit of [`EmuDevice::new`]: 16 GiB (address space: pages are
 /// committed only when touched).
@@ -135,6 +146,10 @@ pub struct EmuDevice {
     /// GEMM operands widened to f32 (grown on first use, then reused, so a
     /// steady-state step allocates nothing).
     gemm_scratch: Vec<f32>,
+    /// Deferred execution: stream work waits here until the next
+    /// synchronisation (see [`EmuDevice::set_deferred`]).
+    deferred: bool,
+    pending: Vec<Op>,
 }
 
 impl Default for EmuDevice {
@@ -163,7 +178,29 @@ impl EmuDevice {
             switches: 0,
             launches: 0,
             gemm_scratch: Vec::new(),
+            deferred: false,
+            pending: Vec::new(),
         }
+    }
+
+    /// Deferred execution, as a GPU may do it: copies, fills, launches,
+    /// GEMMs and graph launches are queued and run only at the next
+    /// synchronisation (`synchronize`, `upload`, `download`), in order; a
+    /// host buffer a queued copy writes is filled with garbage until then,
+    /// and a queued copy from a host buffer reads it only then. A host that
+    /// reads results before synchronising, or rewrites an input buffer
+    /// while the copy from it may still be in flight, gets wrong results
+    /// here as it would on a GPU — where immediate execution hides it. A
+    /// kernel that fails at run time is reported at the synchronisation
+    /// (as CUDA reports asynchronous errors). Each queued launch copies its
+    /// arguments: a test mode, not for measuring. Switching it off runs
+    /// what is queued.
+    pub fn set_deferred(&mut self, deferred: bool) -> DeviceResult<()> {
+        self.deferred = deferred;
+        if !deferred {
+            return self.flush();
+        }
+        Ok(())
     }
 
     /// The thread (and block) order of later launches.
@@ -257,6 +294,7 @@ impl Device for EmuDevice {
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> DeviceResult<()> {
         self.faulted()?;
         self.not_capturing("upload")?;
+        self.flush()?;
         self.check_range("upload", dst, src.len())?;
         // SAFETY: dst..dst + len lies inside an allocation of this device,
         // which no Rust reference covers; src is a distinct host slice.
@@ -267,6 +305,7 @@ impl Device for EmuDevice {
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> DeviceResult<()> {
         self.faulted()?;
         self.not_capturing("download")?;
+        self.flush()?;
         self.check_range("download", src, dst.len())?;
         // SAFETY: as in `upload`, the other way.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
@@ -335,7 +374,7 @@ impl Device for EmuDevice {
         block: u32,
         args: &[Arg],
     ) -> DeviceResult<()> {
-        if self.capture.is_none() {
+        if self.capture.is_none() && !self.deferred {
             // Run at once from the caller's arguments: no copy, no allocation.
             self.faulted()?;
             self.check_launch(kernel, grid, block, args)?;
@@ -363,7 +402,8 @@ impl Device for EmuDevice {
 
     fn synchronize(&mut self) -> DeviceResult<()> {
         self.faulted()?;
-        self.not_capturing("synchronize")
+        self.not_capturing("synchronize")?;
+        self.flush()
     }
 
     fn begin_capture(&mut self) -> DeviceResult<()> {

@@ -1,6 +1,7 @@
 //! Stream operations: each copy, fill, launch, GEMM and graph launch that
-//! passed its checks becomes an [`Op`], run at once or, while capturing,
-//! recorded into the graph being captured; a graph replays its ops in order.
+//! passed its checks becomes an [`Op`], run at once, queued until the next
+//! synchronisation (deferred mode) or, while capturing, recorded into the
+//! graph being captured; a graph replays its ops in order.
 //!
 //! Invariants: an op is recorded with its arguments by value and host
 //! buffers by address (the device keeps every host buffer alive, so a replay
@@ -44,6 +45,18 @@ pub(super) enum Op {
     Graph(u32),
 }
 
+/// Fills `bytes` bytes at `dst` with the garbage pattern of the emulator's
+/// shared memory (NaN as f32).
+///
+/// # Safety
+/// The range must lie in memory nobody else accesses meanwhile.
+unsafe fn poison_host(dst: usize, bytes: usize) {
+    let p = dst as *mut u8;
+    for i in 0..bytes {
+        p.add(i).write((super::POISON >> (8 * (i % 4))) as u8);
+    }
+}
+
 pub(super) fn capture_error(why: impl Into<String>) -> DeviceError {
     DeviceError::Capture(why.into())
 }
@@ -64,8 +77,33 @@ impl EmuDevice {
                 ops.push(op);
                 Ok(())
             }
+            None if self.deferred => {
+                if let Op::ToHost { dst, bytes, .. } = op {
+                    // SAFETY: dst..dst + bytes lies in a live host buffer of
+                    // this device (checked when issued), whose contents the
+                    // host may not read before synchronising (the `Device`
+                    // contract): garbage until the copy runs.
+                    unsafe { poison_host(dst, bytes) };
+                }
+                self.pending.push(op);
+                Ok(())
+            }
             None => self.execute(&op),
         }
+    }
+
+    /// Runs the deferred ops, in order; the first failure faults the device
+    /// and drops the rest (as work queued behind a failed kernel on a GPU).
+    pub(super) fn flush(&mut self) -> DeviceResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut ops = std::mem::take(&mut self.pending);
+        let r = ops.iter().try_for_each(|op| self.execute(op));
+        ops.clear();
+        // Keep the queue's capacity for the next step.
+        self.pending = ops;
+        r
     }
 
     /// Records or runs an op that passed its checks; while capturing, a
