@@ -258,10 +258,21 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp) {
             };
             let max = app.shared.config.session.max_message_bytes;
             let config = http::ws_config(max, max);
-            if let Ok(ws) =
-                http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
+            // The id is handed out with the upgrade: the client can follow
+            // its own session's events from the start.
+            let id = app.shared.session_id();
+            let id_header = [("Moshid-Session-Id", id.to_string())];
+            let headers = id_header.each_ref().map(|(n, v)| (*n, v.as_str()));
+            if let Ok(ws) = http::accept_websocket_with(
+                stream,
+                &head,
+                std::mem::take(&mut buf),
+                config,
+                &headers,
+            )
+            .await
             {
-                ws_chat::run(ws, app, query).await;
+                ws_chat::run(ws, app, query, id).await;
             }
         }
         Ok(Route::MediaStream) => {
@@ -332,13 +343,15 @@ async fn route(
                 "engine": engine.stats.snapshot(),
                 "session_state": engine.session_state(),
                 "rtp_sessions": app.shared.rtp.len(),
+                "events": app.shared.events.sizes(),
                 "phase_groups": engine.phase_groups,
             });
             http::write_json(stream, 200, &body).await?;
             Ok(Route::Done)
         }
         ("GET", "/metrics") => {
-            let text = crate::metrics::export::render(engine);
+            let mut text = crate::metrics::export::render(engine);
+            crate::events::metrics::append(&mut text, &app.shared.events);
             http::write_response(
                 stream,
                 200,
@@ -390,6 +403,10 @@ async fn route(
                 &serde_json::json!({ "enabled": on, "previous": previous }),
             )
             .await?;
+            Ok(Route::Done)
+        }
+        (_, path) if crate::events::sse::owns(path) => {
+            crate::events::sse::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
         (_, path) if crate::transport::rtp::control::owns(path) => {
