@@ -369,6 +369,14 @@ pub fn run(
     }
     engine_shared.stop.store(true, Ordering::Release);
     let _ = engine_thread.join();
+    // The last sessions' final records: one attempt's time to reach their webhooks.
+    let left = shared
+        .events
+        .webhooks
+        .drain(Duration::from_millis(config.events.webhook_timeout_ms));
+    if left > 0 {
+        eprintln!("<4>stopping: {left} webhook record(s) not delivered");
+    }
     eprintln!("<6>stopped");
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! over the cores' SO_REUSEPORT sockets), reads the request head and routes
 //! it: `/api/chat` upgrades to a chat session on this core,
 //! `/v1/media-stream` to a Media Streams session (unless
-//! `media_streams.enabled` is false), the control endpoints answer JSON.
+//! `media_streams.enabled` is false), `/v1/sessions/{id}/events` streams a
+//! session's events (Server-Sent Events), the control endpoints answer JSON.
 //!
 //! Invariants: a connection never leaves the core that accepted it; the
 //! number of open connections per core is bounded by configuration (beyond
