@@ -227,7 +227,7 @@ fn chat_run(
         metadata: Value::Null,
     };
     let mut closed = false;
-    let mut on = |msg: Message, out: &mut ChatOutcome| match msg {
+    let on = |msg: Message, out: &mut ChatOutcome| match msg {
         Message::Binary(b) if b.first() == Some(&0x02) => {
             out.texts.push(String::from_utf8(b[1..].to_vec()).unwrap())
         }

@@ -494,6 +494,79 @@ mod tests {
             .contains("is empty"));
     }
 
+    /// An `https://` receiver whose certificate the configured CA signed
+    /// gets the record; with the system bundle instead (which does not
+    /// know that CA) the attempt fails.
+    #[test]
+    fn delivers_over_tls_to_a_server_the_ca_vouches_for() {
+        use rustls::pki_types::PrivateKeyDer;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls");
+        let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .unwrap(),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut requests = Vec::new();
+            for _ in 0..2 {
+                let (tcp, _) = listener.accept().unwrap();
+                tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let conn = rustls::ServerConnection::new(server.clone()).unwrap();
+                let mut s = rustls::StreamOwned::new(conn, tcp);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.ends_with(b"}") {
+                    match s.read(&mut buf) {
+                        Ok(n) if n > 0 => req.extend_from_slice(&buf[..n]),
+                        // The client refused our certificate.
+                        _ => break,
+                    }
+                }
+                if req.ends_with(b"}") {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+                    let _ = s.flush();
+                }
+                requests.push(String::from_utf8_lossy(&req).into_owned());
+            }
+            requests
+        });
+        let url = WebhookUrl::parse(&format!("https://127.0.0.1:{}/tls", addr.port())).unwrap();
+        let settings = |ca_file| WebhookSettings {
+            workers: 1,
+            queue: 4,
+            timeout: Duration::from_secs(10),
+            retries: 0,
+            ca_file,
+        };
+        let trusted = Webhooks::new(settings(Some(dir.join("ca.pem"))));
+        trusted.enqueue(url.clone(), br#"{"tls":true}"#.to_vec(), 3);
+        assert_eq!(trusted.drain(Duration::from_secs(10)), 0);
+        let untrusted = Webhooks::new(settings(None));
+        untrusted.enqueue(url, br#"{"tls":false}"#.to_vec(), 4);
+        assert_eq!(untrusted.drain(Duration::from_secs(10)), 0);
+        let requests = server.join().unwrap();
+        assert!(
+            requests[0].starts_with("POST /tls HTTP/1.1\r\n"),
+            "{}",
+            requests[0]
+        );
+        assert!(requests[0].ends_with(r#"{"tls":true}"#));
+        assert!(!requests[1].contains("tls"), "{}", requests[1]);
+        assert_eq!(trusted.counters.delivered.load(Ordering::Relaxed), 1);
+        assert_eq!(untrusted.counters.failed.load(Ordering::Relaxed), 1);
+    }
+
     /// A receiver that answers 503 then 204: one failed attempt, then
     /// delivered, the body as sent.
     #[test]
