@@ -62,7 +62,7 @@ impl EventsRig {
         let token = 1 + (self.frame % 2) as u32;
         let piece = self.pieces.text_for_token(token).expect("a piece");
         self.sink.text(self.frame, token, piece);
-        if self.frame % 10 == 0 {
+        if self.frame.is_multiple_of(10) {
             self.sink.dtmf(b'5', 120);
         }
         self.stages.record(Stage::Encode, Duration::from_micros(3));
