@@ -456,7 +456,14 @@ fn spawn_core(
                 if state >= CLOSING {
                     ctx.notify_shutdown_all();
                 }
-                if state >= DRAINING && ctx.live_sessions.get() == 0 && ctx.pending_closes() == 0 {
+                // Subscribers on this core leave once their session's `end`
+                // is written (bounded by session.send_timeout_ms).
+                let watching = crate::events::relay::Relay::current().watching();
+                if state >= DRAINING
+                    && ctx.live_sessions.get() == 0
+                    && ctx.pending_closes() == 0
+                    && watching == 0
+                {
                     break;
                 }
             }
