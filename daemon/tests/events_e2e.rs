@@ -14,8 +14,9 @@
 //!   sent packets and packets.
 //! * A Media Streams call is followed by its `streamSid`; its stages count
 //!   its `media` events in and out.
-//! * Bad subscriptions: unknown id (404), ended session (410), one
-//!   subscriber too many (429), wrong method (405).
+//! * Bad subscriptions: no bearer token where one is configured (401),
+//!   unknown id (404), ended session (410), one subscriber too many (429),
+//!   wrong method (405).
 //!
 //! About 10 s per daemon on two cores (most of it real-time audio).
 
@@ -29,7 +30,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
-use telephony_common::{http_request, Daemon, IO_TIMEOUT, SERIAL};
+use telephony_common::{http_request, http_request_with, Daemon, IO_TIMEOUT, SERIAL};
 use tungstenite::Message;
 
 /// One SSE message: `(event, id, data)`.
@@ -38,11 +39,16 @@ type SseEvent = (String, Option<u64>, Value);
 /// Follows `/v1/sessions/{key}/events` until `end` (or the stream closes)
 /// on a thread; the status line is checked first.
 fn follow(addr: SocketAddr, key: &str) -> thread::JoinHandle<Vec<SseEvent>> {
+    follow_with(addr, key, "")
+}
+
+/// [`follow`] with `extra` header lines (each ending in `\r\n`).
+fn follow_with(addr: SocketAddr, key: &str, extra: &str) -> thread::JoinHandle<Vec<SseEvent>> {
     let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap();
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     write!(
         s,
-        "GET /v1/sessions/{key}/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n"
+        "GET /v1/sessions/{key}/events HTTP/1.1\r\nHost: {addr}\r\n{extra}Accept: text/event-stream\r\n\r\n"
     )
     .unwrap();
     let mut r = BufReader::new(s);
@@ -581,39 +587,43 @@ fn sse_and_webhooks_follow_chat_rtp_and_media_stream_calls() {
 fn bad_subscriptions_get_clear_errors() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = Daemon::start(
-        r#"{"rtp": {"inactivity_timeout_ms": 5000},
+        r#"{"rtp": {"inactivity_timeout_ms": 5000}, "listen": {"token": "s3cret"},
             "events": {"max_subscribers_per_session": 1}}"#,
     );
+    const AUTH: &str = "Authorization: Bearer s3cret\r\n";
+    let req = |method: &str, path: &str, body: Option<&str>| {
+        http_request_with(d.addr, method, path, body, AUTH)
+    };
     let get = |path: &str| {
-        let (status, body) = http_request(d.addr, "GET", path, None);
+        let (status, body) = req("GET", path, None);
         let j: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         (status, j["error"].as_str().unwrap_or("").to_string())
     };
+    // The listener's rules: the bearer token where one is configured.
+    for path in ["/v1/sessions", "/v1/sessions/1/events"] {
+        let (status, _) = http_request(d.addr, "GET", path, None);
+        assert_eq!(status, 401, "{path} without the token");
+    }
     let (status, why) = get("/v1/sessions/999/events");
     assert_eq!((status, why.as_str()), (404, "no session `999`"));
     let (status, why) = get("/v1/sessions/no-such-call/events");
     assert_eq!(status, 404, "{why}");
     let (status, _) = get("/v1/sessions/1/nonsense");
     assert_eq!(status, 404);
-    let (status, _) = http_request(d.addr, "POST", "/v1/sessions/1/events", Some("{}"));
+    let (status, _) = req("POST", "/v1/sessions/1/events", Some("{}"));
     assert_eq!(status, 405);
 
-    let (status, created) = http_request(
-        d.addr,
-        "POST",
-        "/v1/rtp/sessions",
-        Some(r#"{"codec": "PCMU"}"#),
-    );
+    let (status, created) = req("POST", "/v1/rtp/sessions", Some(r#"{"codec": "PCMU"}"#));
     assert_eq!(status, 201, "{created}");
     let id = serde_json::from_str::<Value>(&created).unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    let first = follow(d.addr, &id);
+    let first = follow_with(d.addr, &id, AUTH);
     let (status, why) = get(&format!("/v1/sessions/{id}/events"));
     assert_eq!(status, 429, "{why}");
     assert!(why.contains("events.max_subscribers_per_session"), "{why}");
-    let (status, _) = http_request(d.addr, "DELETE", &format!("/v1/rtp/sessions/{id}"), None);
+    let (status, _) = req("DELETE", &format!("/v1/rtp/sessions/{id}"), None);
     assert_eq!(status, 200);
     let events = first.join().unwrap();
     assert_eq!(
@@ -625,28 +635,28 @@ fn bad_subscriptions_get_clear_errors() {
     assert!(why.contains("has ended"), "{why}");
 
     // A per-session webhook is refused where no prefix allows it.
-    let (status, body) = http_request(
-        d.addr,
+    let (status, body) = req(
         "POST",
         "/v1/rtp/sessions",
         Some(r#"{"codec": "PCMU", "webhook_url": "http://127.0.0.1:9/x"}"#),
     );
     assert_eq!(status, 400);
     assert!(body.contains("webhook_url"), "{body}");
-    let page = metrics(&d);
-    assert_eq!(
-        sample(
-            &page,
-            "moshid_events_subscriptions_total{result=\"unknown\"}"
-        ),
-        2.0
-    );
-    assert_eq!(
-        sample(&page, "moshid_events_subscriptions_total{result=\"full\"}"),
-        1.0
-    );
-    assert_eq!(
-        sample(&page, "moshid_events_subscriptions_total{result=\"ended\"}"),
-        1.0
-    );
+    let (status, page) = req("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for (result, n) in [
+        ("unknown", 2.0),
+        ("full", 1.0),
+        ("ended", 1.0),
+        ("accepted", 1.0),
+    ] {
+        assert_eq!(
+            sample(
+                &page,
+                &format!("moshid_events_subscriptions_total{{result=\"{result}\"}}")
+            ),
+            n,
+            "{result}"
+        );
+    }
 }

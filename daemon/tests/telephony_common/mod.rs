@@ -177,13 +177,24 @@ pub fn http_request(
     path: &str,
     body: Option<&str>,
 ) -> (u16, String) {
+    http_request_with(addr, method, path, body, "")
+}
+
+/// [`http_request`] with `extra` header lines (each ending in `\r\n`).
+pub fn http_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    extra: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("HTTP connect");
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let body = body.unwrap_or("");
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("HTTP request");
