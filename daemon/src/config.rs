@@ -289,6 +289,10 @@ pub struct SessionConfig {
     /// After the end of input, the most silent frames fed to a model that
     /// must be drained (Hibiki) before the session ends anyway.
     pub drain_max_frames: usize,
+    /// Where every session's final record (with its whole text) is POSTed
+    /// as JSON (`http://` or `https://`; `null`: nowhere unless the session
+    /// names its own, see `events.session_webhook_prefixes`).
+    pub webhook_url: Option<String>,
 }
 
 impl Default for SessionConfig {
@@ -301,6 +305,7 @@ impl Default for SessionConfig {
             send_timeout_ms: 5_000,
             drain_grace_ms: 30_000,
             drain_max_frames: 250,
+            webhook_url: None,
         }
     }
 }
@@ -472,6 +477,8 @@ pub struct Config {
     pub audiosocket: AudioSocketConfig,
     /// Media Streams WebSocket transport.
     pub media_streams: MediaStreamsConfig,
+    /// Live session events and webhooks.
+    pub events: crate::events::EventsConfig,
 }
 
 impl Config {
@@ -693,6 +700,8 @@ impl Config {
                 ));
             }
         }
+        crate::events::config::validate(&self.events, s.webhook_url.as_deref())
+            .map_err(|(key, why)| invalid(key, why))?;
         if self.media_streams.max_pending_marks == 0 {
             return Err(invalid(
                 "media_streams.max_pending_marks",

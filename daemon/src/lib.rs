@@ -20,6 +20,7 @@ pub mod client;
 pub mod codec;
 pub mod config;
 pub mod engine;
+pub mod events;
 pub mod http;
 pub mod io;
 pub mod metrics;

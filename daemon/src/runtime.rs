@@ -385,6 +385,14 @@ pub fn run(
     }
     engine_shared.stop.store(true, Ordering::Release);
     let _ = engine_thread.join();
+    // The last sessions' final records: one attempt's time to reach their webhooks.
+    let left = shared
+        .events
+        .webhooks
+        .drain(Duration::from_millis(config.events.webhook_timeout_ms));
+    if left > 0 {
+        eprintln!("<4>stopping: {left} webhook record(s) not delivered");
+    }
     eprintln!("<6>stopped");
     Ok(())
 }
@@ -464,7 +472,14 @@ fn spawn_core(
                 if state >= CLOSING {
                     ctx.notify_shutdown_all();
                 }
-                if state >= DRAINING && ctx.live_sessions.get() == 0 && ctx.pending_closes() == 0 {
+                // Subscribers on this core leave once their session's `end`
+                // is written (bounded by session.send_timeout_ms).
+                let watching = crate::events::relay::Relay::current().watching();
+                if state >= DRAINING
+                    && ctx.live_sessions.get() == 0
+                    && ctx.pending_closes() == 0
+                    && watching == 0
+                {
                     break;
                 }
             }

@@ -3,9 +3,12 @@
 //! allocator (counted by a global allocator wrapper, per thread) — framing,
 //! line audio in and out, the packet queue, parsing a `media` event,
 //! base64 both ways, and building an outgoing event in the reusable
-//! `BytesMut` whose bytes are handed off and reclaimed.
+//! `BytesMut` whose bytes are handed off and reclaimed — with the
+//! session's events on (a text piece per frame, DTMF digits, a stage
+//! sample) and a subscriber attached that renders them as SSE.
 
 mod alloc_count;
+mod events_rig;
 
 use alloc_count::count_allocations;
 
@@ -28,6 +31,7 @@ fn audiosocket_packets_do_not_allocate() {
         *b = i as u8;
     }
     let mut tx = vec![0u8; 3 + 320];
+    let mut events = events_rig::EventsRig::new();
     let mut round = |input: &mut LineIn, output: &mut LineOut| {
         let mut frames = 0;
         for _ in 0..4 {
@@ -40,6 +44,7 @@ fn audiosocket_packets_do_not_allocate() {
         }
         assert_eq!(frames, 1);
         output.push_frame(&answer);
+        events.frame();
         for _ in 0..4 {
             protocol::write_header(&mut tx, 0x10, 320);
             let p = output.front().unwrap();
@@ -73,6 +78,7 @@ fn media_stream_events_do_not_allocate() {
     );
     let mut pending = vec![0u8; 48 * 1024];
     let mut out = bytes::BytesMut::with_capacity(4096);
+    let mut events = events_rig::EventsRig::new();
     let mut round = |input: &mut LineIn, output: &mut LineOut| {
         let mut frames = 0;
         for _ in 0..4 {
@@ -86,6 +92,7 @@ fn media_stream_events_do_not_allocate() {
         }
         assert_eq!(frames, 1);
         output.push_frame(&answer);
+        events.frame();
         for seq in 0..4 {
             out.reserve(4096);
             events::write_media(&mut out, seq, "MZ1", seq, seq * 20, output.front().unwrap());

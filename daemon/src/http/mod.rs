@@ -78,4 +78,4 @@ pub use query::{parse_query, parse_query_limited, percent_decode, MAX_QUERY_PARA
 pub use response::{
     close_gracefully, reason_phrase, respond_error, write_error, write_json, write_response,
 };
-pub use upgrade::{accept_websocket, websocket_accept_key, ws_config};
+pub use upgrade::{accept_websocket, accept_websocket_with, websocket_accept_key, ws_config};

@@ -88,10 +88,26 @@ pub fn websocket_accept_key(head: &RequestHead) -> Result<String, HttpError> {
 /// `max_write_buffer_size > write_buffer_size` (tungstenite panics otherwise).
 /// No subprotocol or extension is negotiated.
 pub async fn accept_websocket<S>(
+    stream: S,
+    head: &RequestHead,
+    leftover: Vec<u8>,
+    config: WebSocketConfig,
+) -> Result<WebSocketStream<S>, HttpError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    accept_websocket_with(stream, head, leftover, config, &[]).await
+}
+
+/// [`accept_websocket`] with `extra_headers` in the `101` response (names
+/// and values must not hold CR or LF: they are the daemon's own, such as
+/// `Moshid-Session-Id`).
+pub async fn accept_websocket_with<S>(
     mut stream: S,
     head: &RequestHead,
     leftover: Vec<u8>,
     config: WebSocketConfig,
+    extra_headers: &[(&str, &str)],
 ) -> Result<WebSocketStream<S>, HttpError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -104,10 +120,15 @@ where
             return Err(e);
         }
     };
-    let response = format!(
+    let mut response = format!(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Accept: {accept}\r\n\r\n"
+         Sec-WebSocket-Accept: {accept}\r\n"
     );
+    for (name, value) in extra_headers {
+        debug_assert!(!name.contains(['\r', '\n']) && !value.contains(['\r', '\n']));
+        response.push_str(&format!("{name}: {value}\r\n"));
+    }
+    response.push_str("\r\n");
     stream.write_all(response.as_bytes()).await?;
     stream.flush().await?;
     Ok(WebSocketStream::from_partially_read(stream, leftover, Role::Server, Some(config)).await)

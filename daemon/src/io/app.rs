@@ -28,12 +28,15 @@ pub struct Shared {
     pub model: crate::web::ModelDescription,
     /// The listener's TLS, when `listen.tls_cert_file` is set.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Every live session's events, and the webhooks.
+    pub events: crate::events::EventHub,
 }
 
 impl Shared {
     /// Daemon-wide values.
     pub fn new(config: Config, pieces: PieceTable, model_info: ModelInfo) -> Self {
         Shared {
+            events: crate::events::EventHub::new(&config.events),
             config,
             pieces,
             model_info,
@@ -47,6 +50,11 @@ impl Shared {
     /// A fresh session id.
     pub fn session_id(&self) -> u64 {
         self.next_session_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// How many session ids have been handed out (ids are 1 to this).
+    pub fn issued_session_ids(&self) -> u64 {
+        self.next_session_id.load(Ordering::Relaxed) - 1
     }
 }
 

@@ -2,7 +2,8 @@
 //! over the cores' SO_REUSEPORT sockets), reads the request head and routes
 //! it: `/api/chat` upgrades to a chat session on this core,
 //! `/v1/media-stream` to a Media Streams session (unless
-//! `media_streams.enabled` is false), the control endpoints answer JSON.
+//! `media_streams.enabled` is false), `/v1/sessions/{id}/events` streams a
+//! session's events (Server-Sent Events), the control endpoints answer JSON.
 //!
 //! Invariants: a connection never leaves the core that accepted it; the
 //! number of open connections per core is bounded by configuration (beyond
@@ -299,10 +300,21 @@ async fn handle_connection(mut stream: Conn, app: CoreApp) {
             };
             let max = app.shared.config.session.max_message_bytes;
             let config = http::ws_config(max, max);
-            if let Ok(ws) =
-                http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
+            // The id is handed out with the upgrade: the client can follow
+            // its own session's events from the start.
+            let id = app.shared.session_id();
+            let id_header = [("Moshid-Session-Id", id.to_string())];
+            let headers = id_header.each_ref().map(|(n, v)| (*n, v.as_str()));
+            if let Ok(ws) = http::accept_websocket_with(
+                stream,
+                &head,
+                std::mem::take(&mut buf),
+                config,
+                &headers,
+            )
+            .await
             {
-                ws_chat::run(ws, app, query).await;
+                ws_chat::run(ws, app, query, id).await;
             }
         }
         Ok(Route::MediaStream) => {
@@ -373,13 +385,15 @@ async fn route(
                 "engine": engine.stats.snapshot(),
                 "session_state": engine.session_state(),
                 "rtp_sessions": app.shared.rtp.len(),
+                "events": app.shared.events.sizes(),
                 "phase_groups": engine.phase_groups,
             });
             http::write_json(stream, 200, &body).await?;
             Ok(Route::Done)
         }
         ("GET", "/metrics") => {
-            let text = crate::metrics::export::render(engine);
+            let mut text = crate::metrics::export::render(engine);
+            crate::events::metrics::append(&mut text, &app.shared.events);
             http::write_response(
                 stream,
                 200,
@@ -431,6 +445,10 @@ async fn route(
                 &serde_json::json!({ "enabled": on, "previous": previous }),
             )
             .await?;
+            Ok(Route::Done)
+        }
+        (_, path) if crate::events::sse::owns(path) => {
+            crate::events::sse::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
         (_, path) if crate::transport::rtp::control::owns(path) => {

@@ -3,9 +3,13 @@
 //! [`StageRecorder`] and read by the exporter through an `Arc`.
 //!
 //! Which thread records what:
-//! * I/O core: `decode` (one sample per client audio message), `encode` and
-//!   `send` (one sample per output frame), `frames` (frames pushed to the
-//!   engine), `dropped_frames` (lane full), `refused_sessions`.
+//! * I/O core: `decode`, `encode`, `send`, `frames` (frames pushed to the
+//!   engine), `dropped_frames` (lane full), `refused_sessions`. Per
+//!   transport: WebSocket chat — `decode` per client audio message,
+//!   `encode` and `send` per output frame; RTP — `decode` per released
+//!   frame, `encode` per 80 ms of outgoing audio, `send` per packet;
+//!   AudioSocket and Media Streams — `decode` per audio message / `media`
+//!   event, `encode` per model frame, `send` per packet.
 //! * Engine: `frame_wait` (push on the core → taken into a batch, one sample
 //!   per stepped frame that was stamped), `batch_fill` and `model_step` (one
 //!   sample per model step; `model_step` per phase group and batch-size

@@ -23,10 +23,16 @@
 //!   batch of engine outputs, and while it is off no clock is read for
 //!   them. The session keeps no metrics state: its own accounting is the
 //!   [`SessionRecord`], whatever the switch says.
+//! * Every text piece also goes to the session's [`EventSink`] (its
+//!   subscribers on `GET /v1/sessions/{id}/events`, its final record and
+//!   webhook); the id is the one the upgrade's `Moshid-Session-Id` header
+//!   handed out. A `webhook_url` query parameter names the session's own
+//!   webhook where `events.session_webhook_prefixes` allows it.
 
 use crate::codec::{DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
+use crate::events::{EventSink, SessionState};
 use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
@@ -119,6 +125,7 @@ struct ChatSession<S> {
     mailbox: Rc<Mailbox>,
     buf: Buffers,
     rec: SessionRecord,
+    events: EventSink,
     in_flight: usize,
     /// Set once the client's input is over and the model is being drained
     /// (Hibiki): the text token that ends the stream has been seen.
@@ -133,23 +140,28 @@ struct Drain {
     done: bool,
 }
 
-/// Runs one `/api/chat` session to its end and returns its record.
+/// Runs one `/api/chat` session (id `id`, handed out with the upgrade) to
+/// its end and returns its record.
 pub async fn run<S>(
     mut ws: WebSocketStream<S>,
     app: CoreApp,
     query: Vec<(String, String)>,
+    id: u64,
 ) -> SessionRecord
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let shared = app.shared.clone();
     let cfg = &shared.config;
-    let mut rec = SessionRecord::start(shared.session_id(), "ws");
-    let params = match session_params(&query, &cfg.defaults, &shared.model_info) {
+    let mut rec = SessionRecord::start(id, "ws");
+    let params = session_params(&query, &cfg.defaults, &shared.model_info)
+        .map_err(|e| e.to_string())
+        .and_then(|p| Ok((p, crate::events::webhook::from_pairs(&query, cfg)?)));
+    let (params, webhook) = match params {
         Ok(p) => p,
         Err(e) => {
-            rec.end(EndReason::BadParameters(e.to_string()));
-            refuse(&mut ws, &e.to_string()).await;
+            rec.end(EndReason::BadParameters(e.clone()));
+            refuse(&mut ws, &e).await;
             rec.log();
             return rec;
         }
@@ -195,6 +207,9 @@ where
         }
     };
     rec.slot = Some(ticket.slot);
+    let events = shared
+        .events
+        .open(&rec, None, app.ctx.core, SessionState::Active, webhook);
     let mut s = ChatSession {
         ws,
         app,
@@ -202,6 +217,7 @@ where
         mailbox,
         buf: buffers,
         rec,
+        events,
         in_flight: 0,
         drain: None,
     };
@@ -370,6 +386,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     /// The client's input is over: drain the model where it needs it, wait
     /// for the answers to every frame in flight, send them, and end normally.
     async fn finish_input(&mut self) -> EndReason {
+        self.events.state(SessionState::Draining);
         if let Some(text_eos) = self.app.shared.model_info.drain_text_eos {
             if let Some(reason) = self.drain_model(text_eos).await {
                 return reason;
@@ -503,6 +520,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                         d.done |= token == d.text_eos;
                     }
                     if let Some(text) = self.app.shared.pieces.text_for_token(token) {
+                        self.events.text(self.rec.frames_out - 1, token, text);
                         let mut msg = Vec::with_capacity(1 + text.len());
                         msg.push(kind::TEXT);
                         msg.extend_from_slice(text.as_bytes());
@@ -533,6 +551,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     async fn finish(mut self, reason: EndReason) -> SessionRecord {
         self.app.ctx.end_session(self.ticket);
         self.rec.end(reason);
+        self.events.finish(&self.rec);
         let reason = self.rec.end_reason.clone().expect("set just above");
         let client_gone = matches!(
             reason,

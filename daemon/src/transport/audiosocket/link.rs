@@ -8,12 +8,18 @@
 //! the queue overflows for a well-behaved engine; a frame the lane refuses
 //! is counted as dropped, never retried. Nothing here allocates after
 //! [`EngineLink::new`].
+//!
+//! Each answer's text piece goes to the session's [`EventSink`]; with
+//! stage metrics on (read once per batch of answers), each model frame's
+//! resampling and encoding into line packets is one `encode` sample.
 
 use super::line::{LineOut, PACKETS_PER_FRAME};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
+use crate::events::EventSink;
 use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
+use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::FRAME_SAMPLES;
 use std::rc::Rc;
@@ -37,11 +43,13 @@ pub struct EngineLink {
     answered: u64,
     last_progress: Instant,
     record: Box<FromEngine>,
+    /// The session's events (taken when they are finished).
+    events: Option<EventSink>,
 }
 
 impl EngineLink {
-    /// The link of an admitted session.
-    pub fn new(app: CoreApp, ticket: Ticket, mailbox: Rc<Mailbox>) -> Self {
+    /// The link of an admitted session, with its event sink.
+    pub fn new(app: CoreApp, ticket: Ticket, mailbox: Rc<Mailbox>, events: EventSink) -> Self {
         let max_in_flight = app.shared.config.session.max_frames_in_flight;
         EngineLink {
             app,
@@ -53,6 +61,19 @@ impl EngineLink {
             answered: 0,
             last_progress: Instant::now(),
             record: Box::default(),
+            events: Some(events),
+        }
+    }
+
+    /// The session's event sink (until [`EngineLink::finish_events`]).
+    pub fn events(&mut self) -> Option<&mut EventSink> {
+        self.events.as_mut()
+    }
+
+    /// Sets the session's final record for its subscribers and webhook.
+    pub fn finish_events(&mut self, rec: &SessionRecord) {
+        if let Some(events) = self.events.take() {
+            events.finish(rec);
         }
     }
 
@@ -110,6 +131,7 @@ impl EngineLink {
         rec: &mut SessionRecord,
     ) -> Result<usize, EndReason> {
         let mut n = 0;
+        let mut metrics_on = None;
         while self.mailbox.take(&mut self.record) {
             n += 1;
             self.in_flight = self.in_flight.saturating_sub(1);
@@ -123,7 +145,21 @@ impl EngineLink {
                     rec.frames_out += 1;
                     rec.text_tokens += 1;
                     if let Some(out) = out.as_deref_mut() {
+                        let ctx = &self.app.ctx;
+                        let t = metrics_on
+                            .get_or_insert_with(|| ctx.metrics_on())
+                            .then(Instant::now);
                         out.push_frame(&self.record.pcm);
+                        if let Some(t) = t {
+                            ctx.stages.record(Stage::Encode, t.elapsed());
+                        }
+                    }
+                    let token = self.record.text_token;
+                    if let (Some(piece), Some(events)) = (
+                        self.app.shared.pieces.text_for_token(token),
+                        self.events.as_mut(),
+                    ) {
+                        events.text(rec.frames_out - 1, token, piece);
                     }
                 }
             }

@@ -25,11 +25,19 @@
 //! * A refused message is answered with kind `0xff` and a one-byte code
 //!   ([`error_code`]), then the connection closes; only this call ends.
 //! * Whatever ends the call, its slot is released and its record logged.
+//! * Events: the call is an event source under its record id and its UUID
+//!   (`GET /v1/sessions/{uuid}/events`): text pieces, DTMF digits, the final
+//!   record (and `session.webhook_url`). Stage metrics (switch read once
+//!   per message and per packet; no clock read while off): `decode` per
+//!   audio message (line decoding, resampling, frames to the lane),
+//!   `encode` per model frame (in the link), `send` per packet written.
 
 use super::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
 use super::link::EngineLink;
 use super::protocol::{self, error_code, kind, Frame, FrameError, HEADER_BYTES};
+use crate::events::SessionState;
 use crate::io::app::CoreApp;
+use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::FRAME_SAMPLES;
@@ -179,9 +187,16 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
         }
     };
     rec.slot = Some(ticket.slot);
+    let events = shared.events.open(
+        &rec,
+        Some(protocol::uuid_text(&uuid)),
+        app.ctx.core,
+        SessionState::Active,
+        crate::events::webhook::default_for(cfg),
+    );
     let mut call = Call {
         io,
-        link: EngineLink::new(app, ticket, mailbox),
+        link: EngineLink::new(app, ticket, mailbox, events),
         rec,
         uuid,
         line: None,
@@ -398,6 +413,9 @@ impl Call {
                     return Err(EndReason::ProtocolError("a second UUID message".into()));
                 }
                 Frame::Dtmf(digit) => {
+                    if let Some(events) = self.link.events() {
+                        events.dtmf(digit, 0);
+                    }
                     let i = self.stats.dtmf as usize;
                     if i < DTMF_LOG_DIGITS {
                         self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
@@ -452,9 +470,13 @@ impl Call {
                     let budget = self.link.budget(Some(&line.output));
                     let link = &mut self.link;
                     let rec = &mut self.rec;
+                    let t = link.app.ctx.metrics_on().then(Instant::now);
                     let taken = line
                         .input
                         .push(rest, budget, &mut self.frame, |f| link.send(f, rec));
+                    if let Some(t) = t {
+                        link.app.ctx.stages.record(Stage::Decode, t.elapsed());
+                    }
                     if taken < rest.len() {
                         // Waits for answers; the rest of this message stays buffered.
                         self.audio_taken += taken;
@@ -489,7 +511,11 @@ impl Call {
                     self.stats.silence_out += 1;
                 }
             }
+            let t = self.link.app.ctx.metrics_on().then(Instant::now);
             self.io.write_tx(HEADER_BYTES + n).await?;
+            if let Some(t) = t {
+                self.link.app.ctx.stages.record(Stage::Send, t.elapsed());
+            }
             self.stats.packets_out += 1;
         }
         Ok(())
@@ -506,6 +532,7 @@ impl Call {
         };
         let code = self.error_code.or(reason_code);
         self.rec.end(reason);
+        self.link.finish_events(&self.rec);
         let reason = self.rec.end_reason.clone().expect("set just above");
         let peer_gone = matches!(
             reason,

@@ -27,10 +27,21 @@
 //! stream stops reading its socket; an error ends only this stream, with an
 //! `error` event and a close frame that says why; whatever ends it, its
 //! slot is released and its record logged.
+//!
+//! Events: the stream is an event source under its record id and its
+//! `streamSid` (`GET /v1/sessions/{streamSid}/events`): text pieces, DTMF
+//! digits, the final record; a `webhook_url` custom parameter (or query
+//! parameter) names its own webhook where `events.session_webhook_prefixes`
+//! allows it. Stage metrics (switch read once per event and per packet; no
+//! clock read while off): `decode` per `media` event (base64, G.711,
+//! resampling, frames to the lane), `encode` per model frame (in the
+//! link), `send` per `media` event sent.
 
 use super::events::{self, BASE64};
+use crate::events::SessionState;
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
+use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::telephony::g711::Law;
@@ -135,10 +146,13 @@ pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> Sess
             return finish_early(ws, rec, None, &app).await;
         }
     };
-    let params = match session_params(&started.params, &cfg.defaults, &shared.model_info) {
+    let params = session_params(&started.params, &cfg.defaults, &shared.model_info)
+        .map_err(|e| e.to_string())
+        .and_then(|p| Ok((p, crate::events::webhook::from_pairs(&started.params, cfg)?)));
+    let (params, webhook) = match params {
         Ok(p) => p,
         Err(e) => {
-            rec.end(EndReason::BadParameters(e.to_string()));
+            rec.end(EndReason::BadParameters(e));
             return finish_early(ws, rec, Some(&started.sid), &app).await;
         }
     };
@@ -163,9 +177,16 @@ pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> Sess
     let max_marks = cfg.media_streams.max_pending_marks;
     // Largest decoded payload a message within the size limit can carry.
     let max_payload = cfg.session.max_message_bytes / 4 * 3 + 3;
+    let events = shared.events.open(
+        &rec,
+        Some(started.sid.clone()),
+        app.ctx.core,
+        SessionState::Active,
+        webhook,
+    );
     let mut s = Stream {
         ws,
-        link: EngineLink::new(app, ticket, mailbox),
+        link: EngineLink::new(app, ticket, mailbox, events),
         rec,
         sid: started.sid,
         input,
@@ -397,6 +418,7 @@ impl Stream {
                     self.stats.other_tracks += 1;
                     return Ok(());
                 }
+                let t = self.link.app.ctx.metrics_on().then(Instant::now);
                 let n = BASE64
                     .decode_slice(media.payload.as_str(), &mut self.pending)
                     .map_err(|e| {
@@ -405,7 +427,11 @@ impl Stream {
                 self.stats.media_in += 1;
                 self.pending_len = n;
                 self.pending_taken = 0;
-                self.take_pending()
+                let taken = self.take_pending();
+                if let Some(t) = t {
+                    self.link.app.ctx.stages.record(Stage::Decode, t.elapsed());
+                }
+                taken
             }
             "mark" => {
                 let Some(mark) = event.mark else {
@@ -443,6 +469,9 @@ impl Stream {
                     .as_ref()
                     .and_then(|d| d.digit.as_str().bytes().next())
                     .unwrap_or(b'?');
+                if let Some(events) = self.link.events() {
+                    events.dtmf(digit, 0);
+                }
                 let i = self.stats.dtmf as usize;
                 if i < DTMF_LOG_DIGITS {
                     self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
@@ -526,7 +555,11 @@ impl Stream {
             let ts = (self.chunk - 1) * PACKET_MS as u64;
             events::write_media(&mut self.out, self.seq, &self.sid, self.chunk, ts, packet);
             self.output.pop();
+            let t = self.link.app.ctx.metrics_on().then(Instant::now);
             self.send_out().await?;
+            if let Some(t) = t {
+                self.link.app.ctx.stages.record(Stage::Send, t.elapsed());
+            }
             self.stats.media_out += 1;
             self.echo_marks().await?;
         }
@@ -548,6 +581,7 @@ impl Stream {
     async fn finish(mut self, reason: EndReason) -> SessionRecord {
         self.link.release();
         self.rec.end(reason);
+        self.link.finish_events(&self.rec);
         let reason = self.rec.end_reason.clone().expect("set just above");
         let limit = Duration::from_millis(self.link.app.shared.config.session.send_timeout_ms);
         if !matches!(

@@ -13,6 +13,11 @@
 //! * `DELETE /v1/rtp/sessions/{id}` — ends the session and answers with its
 //!   final record and counters (or 202 if it has not ended within 2 s).
 //!
+//! The session's live events (text, DTMF, state, final record) are on
+//! `GET /v1/sessions/{id}/events` (Server-Sent Events, registered before
+//! the `201` is sent); `webhook_url` in the body names its own webhook
+//! where `events.session_webhook_prefixes` allows it.
+//!
 //! Errors are JSON `{"error": …}` naming the field at fault (400), the
 //! session (404), or why no session can be made now (503).
 
@@ -63,6 +68,9 @@ pub struct CreateRequest {
     /// Session parameters (as the WebSocket query string's).
     #[serde(default)]
     pub params: serde_json::Map<String, Value>,
+    /// Where the session's final record is POSTed (see
+    /// `events.session_webhook_prefixes`; default `session.webhook_url`).
+    pub webhook_url: Option<String>,
 }
 
 /// A request this endpoint refuses.
@@ -267,6 +275,16 @@ async fn create(
         Ok(p) => p,
         Err(e) => return http::write_error(stream, 400, &format!("field `params`: {e}")).await,
     };
+    let webhook = match crate::events::webhook::choose(
+        req.webhook_url.as_deref(),
+        cfg.session.webhook_url.as_deref(),
+        &cfg.events.session_webhook_prefixes,
+    ) {
+        Ok(w) => w,
+        Err(e) => {
+            return http::write_error(stream, 400, &format!("field `webhook_url`: {e}")).await
+        }
+    };
     if shared.rtp.len() >= cfg.rtp.max_sessions {
         return http::write_error(
             stream,
@@ -333,6 +351,13 @@ async fn create(
         resample_out_ms: media.res_out.delay_ms(),
     };
     let handle = Arc::new(SessionHandle::new(id.clone(), info));
+    handle.attach_events(shared.events.open(
+        &rec,
+        None,
+        app.ctx.core,
+        crate::events::SessionState::Waiting,
+        webhook,
+    ));
     if !shared.rtp.insert(handle.clone(), cfg.rtp.max_sessions) {
         app.ctx.end_session(ticket);
         return http::write_error(
@@ -374,6 +399,7 @@ async fn create(
         "ptime_ms": spec.ptime_ms,
         "dtmf_payload_type": spec.dtmf_payload_type,
         "events": format!("{SESSIONS_PATH}/{id}/events"),
+        "event_stream": format!("{}/{id}/events", crate::events::sse::SESSIONS_PATH),
         "event_log_capacity": EVENT_LOG_CAPACITY,
     });
     http::write_json(stream, 201, &body).await

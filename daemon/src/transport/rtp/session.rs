@@ -21,6 +21,16 @@
 //! the bound is counted and skipped); every buffer is made before the slot
 //! is taken; whatever ends the session, its slot is released, its record
 //! logged and its registry entry removed.
+//!
+//! Events: the session's [`EventSink`] (made by the control call, or here
+//! for sessions made another way) gets the latching (`active`), every DTMF
+//! digit and every text piece; its final record is set when the session
+//! ends. Stage metrics (read once per release tick, per batch of answers
+//! and per packet; no clock read while off): `decode` per released frame
+//! (jitter-buffer playout with payload decoding or concealment, and the
+//! resampling to 24 kHz), `encode` per 80 ms of outgoing audio (the
+//! resampling of the model's frame and the payload encoding of its
+//! packets), `send` per packet written to the socket.
 
 use super::clock::ReleaseClock;
 use super::dtmf::DtmfDetector;
@@ -30,8 +40,10 @@ use super::sender::{Outbound, StreamStart};
 use super::state::{RtpCounters, RtpEvent, RtpGauges, SessionHandle};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
+use crate::events::{EventSink, SessionState};
 use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
+use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::telephony::{CodecSpec, FrameResampler};
 use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
@@ -135,6 +147,27 @@ struct Inbound {
     dtmf_unbuffered: u64,
     dtmf_events: u64,
     recv_errors: u64,
+    /// Taken at the end (the final record).
+    events: Option<EventSink>,
+}
+
+/// Reports one DTMF digit to the control API's log and the event stream.
+fn report_dtmf(
+    handle: &SessionHandle,
+    count: &mut u64,
+    events: Option<&mut EventSink>,
+    e: super::dtmf::DtmfEvent,
+) {
+    *count += 1;
+    if let Some(events) = events {
+        let digit = if e.digit.is_ascii() {
+            e.digit as u8
+        } else {
+            b'?'
+        };
+        events.dtmf(digit, e.duration_ms);
+    }
+    handle.push_event(RtpEvent::Dtmf(e));
 }
 
 impl Inbound {
@@ -170,6 +203,9 @@ impl Inbound {
                 }
                 self.latched = Some(src);
                 self.handle.set_latched(src);
+                if let Some(events) = self.events.as_mut() {
+                    events.state(SessionState::Active);
+                }
             }
         }
         self.last_packet = now;
@@ -180,11 +216,10 @@ impl Inbound {
             if self.jitter.stats().ssrc_changes != before {
                 self.handle
                     .push_event(RtpEvent::SsrcChanged { ssrc: pkt.ssrc });
-                let (handle, count) = (&self.handle, &mut self.dtmf_events);
-                self.dtmf.restart(|e| {
-                    *count += 1;
-                    handle.push_event(RtpEvent::Dtmf(e));
-                });
+                let (handle, count, events) =
+                    (&self.handle, &mut self.dtmf_events, &mut self.events);
+                self.dtmf
+                    .restart(|e| report_dtmf(handle, count, events.as_mut(), e));
             }
         } else if Some(pkt.payload_type) == self.dtmf_payload_type {
             self.dtmf_packets += 1;
@@ -195,10 +230,9 @@ impl Inbound {
             } else {
                 self.dtmf_unbuffered += 1;
             }
-            let (handle, count) = (&self.handle, &mut self.dtmf_events);
+            let (handle, count, events) = (&self.handle, &mut self.dtmf_events, &mut self.events);
             let r = self.dtmf.on_packet(pkt.timestamp, pkt.payload, |e| {
-                *count += 1;
-                handle.push_event(RtpEvent::Dtmf(e));
+                report_dtmf(handle, count, events.as_mut(), e)
             });
             if r.is_err() {
                 self.malformed += 1;
@@ -266,6 +300,10 @@ struct Session {
     engine_wait_ms: f64,
     last_progress: Instant,
     c: ClockCounters,
+    /// Encoding time of the outgoing audio not yet recorded (stage metrics),
+    /// and the packets it covers.
+    encode_unrecorded: Duration,
+    encode_packets: u32,
 }
 
 /// Everything a session needs, made by the control handler.
@@ -298,6 +336,15 @@ pub async fn run(new: NewSession, app: CoreApp) {
         rec,
     } = new;
     let now = Instant::now();
+    let events = handle.take_events().unwrap_or_else(|| {
+        app.shared.events.open(
+            &rec,
+            None,
+            app.ctx.core,
+            SessionState::Waiting,
+            crate::events::webhook::default_for(&app.shared.config),
+        )
+    });
     let frame_media = media.jitter.frame_samples();
     let inbound = Rc::new(RefCell::new(Inbound {
         jitter: media.jitter,
@@ -318,6 +365,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
         dtmf_unbuffered: 0,
         dtmf_events: 0,
         recv_errors: 0,
+        events: Some(events),
     }));
     let socket = Rc::new(socket);
     let receiver = glommio::spawn_local(receive_loop(socket.clone(), inbound.clone()));
@@ -349,6 +397,8 @@ pub async fn run(new: NewSession, app: CoreApp) {
         engine_wait_ms: 0.0,
         last_progress: now,
         c: ClockCounters::default(),
+        encode_unrecorded: Duration::ZERO,
+        encode_packets: 0,
     };
     let reason = s.serve().await;
     receiver.cancel().await;
@@ -424,9 +474,30 @@ impl Session {
     /// times are skipped so that the stream stays in step with the clock).
     async fn send_due(&mut self, dest: SocketAddr, mut due: Instant, now: Instant) {
         let mut sent = 0;
+        let metrics_on = self.app.ctx.metrics_on();
+        if !metrics_on {
+            (self.encode_unrecorded, self.encode_packets) = (Duration::ZERO, 0);
+        }
+        let packets_per_frame = (FRAME_MS as u32 / self.spec.ptime_ms).max(1);
         while due <= now && sent < MAX_SEND_CATCH_UP {
+            let t = metrics_on.then(Instant::now);
             let pkt = self.outbound.next_packet();
-            if self.socket.send_to(pkt, dest).await.is_err() {
+            let t = t.map(|t| {
+                let encoded = Instant::now();
+                self.encode_unrecorded += encoded - t;
+                encoded
+            });
+            let result = self.socket.send_to(pkt, dest).await;
+            if let Some(t) = t {
+                let stages = &self.app.ctx.stages;
+                stages.record(Stage::Send, t.elapsed());
+                self.encode_packets += 1;
+                if self.encode_packets >= packets_per_frame {
+                    stages.record(Stage::Encode, self.encode_unrecorded);
+                    (self.encode_unrecorded, self.encode_packets) = (Duration::ZERO, 0);
+                }
+            }
+            if result.is_err() {
                 self.c.send_errors += 1;
             } else {
                 self.c.packets_sent += 1;
@@ -445,14 +516,24 @@ impl Session {
     /// Releases one frame from the jitter buffer to the engine.
     fn release(&mut self, max_in_flight: usize, now: Instant) {
         self.c.release_ticks += 1;
+        let metrics_on = self.app.ctx.metrics_on();
+        let t = metrics_on.then(Instant::now);
         self.inbound.borrow_mut().jitter.pull(&mut self.frame_media);
         self.res_in
             .process(&self.frame_media, &mut self.frame24[..]);
+        if let Some(t) = t {
+            self.app.ctx.stages.record(Stage::Decode, t.elapsed());
+        }
         if self.in_flight >= max_in_flight {
             self.c.backlog_skips += 1;
             return;
         }
-        match self.app.ctx.send_frame(self.ticket, &self.frame24) {
+        let pushed_at = metrics_on.then(Instant::now);
+        match self
+            .app
+            .ctx
+            .send_frame_at(self.ticket, &self.frame24, pushed_at)
+        {
             Ok(()) => {
                 if self.in_flight == 0 {
                     self.last_progress = now;
@@ -473,6 +554,7 @@ impl Session {
     /// Takes the engine's answers; `Some` ends the session.
     fn pump_outputs(&mut self) -> Option<EndReason> {
         let mut now = None;
+        let mut metrics_on = None;
         while self.mailbox.take(&mut self.record) {
             let t = *now.get_or_insert_with(Instant::now);
             if self.in_flight > 0 {
@@ -499,8 +581,19 @@ impl Session {
                     self.c.engine_outputs += 1;
                     self.rec.frames_out += 1;
                     self.rec.text_tokens += 1;
+                    let on = *metrics_on.get_or_insert_with(|| self.app.ctx.metrics_on());
+                    let t = on.then(Instant::now);
                     self.res_out.process(&self.record.pcm, &mut self.out_media);
                     self.outbound.push_audio(&self.out_media);
+                    if let Some(t) = t {
+                        self.encode_unrecorded += t.elapsed();
+                    }
+                    let token = self.record.text_token;
+                    if let Some(piece) = self.app.shared.pieces.text_for_token(token) {
+                        if let Some(events) = self.inbound.borrow_mut().events.as_mut() {
+                            events.text(self.rec.frames_out - 1, token, piece);
+                        }
+                    }
                 }
             }
             // Stepped answers come right after the group's tick: phase-lock.
@@ -580,13 +673,14 @@ impl Session {
         {
             let mut i = self.inbound.borrow_mut();
             let i = &mut *i;
-            let (handle, count) = (&i.handle, &mut i.dtmf_events);
-            i.dtmf.flush(|e| {
-                *count += 1;
-                handle.push_event(RtpEvent::Dtmf(e));
-            });
+            let (handle, count, events) = (&i.handle, &mut i.dtmf_events, &mut i.events);
+            i.dtmf
+                .flush(|e| report_dtmf(handle, count, events.as_mut(), e));
         }
         self.rec.end(reason);
+        if let Some(events) = self.inbound.borrow_mut().events.take() {
+            events.finish(&self.rec);
+        }
         self.publish();
         let (c, _) = self.counters();
         self.handle

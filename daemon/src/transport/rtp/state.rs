@@ -243,6 +243,8 @@ pub struct SessionHandle {
     counters: AtomicCounters,
     gauges: AtomicGauges,
     mutable: Mutex<Mutable>,
+    /// The session's event sink, from its creation until its task takes it.
+    events: Mutex<Option<crate::events::EventSink>>,
 }
 
 impl SessionHandle {
@@ -260,7 +262,19 @@ impl SessionHandle {
                 events: VecDeque::with_capacity(EVENT_LOG_CAPACITY),
                 ..Mutable::default()
             }),
+            events: Mutex::new(None),
         }
+    }
+
+    /// Hands the session's event sink (registered before the session's id
+    /// is given out) to its task.
+    pub fn attach_events(&self, sink: crate::events::EventSink) {
+        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+    }
+
+    /// The event sink attached at creation, once (the task takes it).
+    pub fn take_events(&self) -> Option<crate::events::EventSink> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn lock(&self) -> MutexGuard<'_, Mutable> {
