@@ -37,6 +37,9 @@ pub enum DirError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The memory for the model's state could not be had.
+    #[error("{0}")]
+    Alloc(#[from] crate::alloc::AllocError),
     /// A file the layout needs is absent.
     #[error("{0}: not found (needed by the checkpoint folder)")]
     Missing(PathBuf),

@@ -76,6 +76,16 @@ pub enum CheckpointError {
         /// The tensor.
         name: String,
     },
+    /// The memory for a tensor's values could not be had.
+    #[error("{path}: tensor `{name}`: {source}")]
+    Alloc {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// What the allocator refused.
+        source: crate::alloc::AllocError,
+    },
     /// A stacked attention tensor that cannot be split evenly.
     #[error("{path}: stacked tensor `{name}` of shape {shape:?} cannot be split into per-step projections")]
     BadStack {
@@ -292,21 +302,34 @@ impl Checkpoint {
         let numel: usize = e.shape.iter().product();
         let elem_bytes = if e.dtype == Dtype::F32 { 4 } else { 2 };
         let bytes = &self.mmap[e.byte_start..e.byte_start + numel * elem_bytes];
-        let out = match e.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+        // Fallible: a checkpoint too big for this machine is an error naming
+        // the tensor, not an abort (the preflight should have said so first).
+        let mut out = crate::alloc::with_capacity::<f32>(numel, || {
+            format!("{numel} float32 values")
+        })
+        .map_err(|source| CheckpointError::Alloc {
+            path: self.path.clone(),
+            name: name.to_string(),
+            source,
+        })?;
+        match e.dtype {
+            Dtype::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::BF16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
             _ => unreachable!("entry() admits float dtypes only"),
-        };
+        }
         Ok(out)
     }
 }
