@@ -11,6 +11,7 @@ pub mod config;
 pub mod cpu;
 pub mod demo;
 pub mod footprint;
+pub mod header_only;
 pub mod lm;
 pub mod mimi;
 pub mod ops;
