@@ -52,7 +52,10 @@ unsafe impl ZeroIsValid for u8 {}
 unsafe impl ZeroIsValid for u16 {}
 
 /// A vector of `n` zeros, or an error naming `what`.
-pub fn zeroed<T: ZeroIsValid>(n: usize, what: impl FnOnce() -> String) -> Result<Vec<T>, AllocError> {
+pub fn zeroed<T: ZeroIsValid>(
+    n: usize,
+    what: impl FnOnce() -> String,
+) -> Result<Vec<T>, AllocError> {
     let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
     if n == 0 || std::mem::size_of::<T>() == 0 {
         return Ok(Vec::new());

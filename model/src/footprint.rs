@@ -67,8 +67,7 @@ impl CpuFootprint {
         // `embedding_sum` and `cluster_usage` of every codebook.
         let q = &mimi.quantizer;
         let used = (lm.dep_q.max(lm.num_user_codebooks())).min(q.n_q) as u64;
-        let mimi_weight_bytes = numel(&mimi_specs, |n| !n.contains("._codebook."))
-            * f
+        let mimi_weight_bytes = numel(&mimi_specs, |n| !n.contains("._codebook.")) * f
             + used * q.bins as u64 * (q.dimension as u64 + 2) * f;
         let largest = lm_specs
             .iter()

@@ -181,18 +181,20 @@ mod tests {
         assert!(len > 15_000_000_000, "{len}");
         let d = CheckpointDir::open(t.path()).unwrap();
         let r = d.check().unwrap();
-        assert!((7_600_000_000..7_800_000_000).contains(&r.lm_params), "{}", r.lm_params);
+        assert!(
+            (7_600_000_000..7_800_000_000).contains(&r.lm_params),
+            "{}",
+            r.lm_params
+        );
         assert_eq!(r.tokenizer_pieces, Some(32000));
         // The published stacked names, split on reading.
         let ck = Checkpoint::open_header(&lm).unwrap();
-        assert!(ck
-            .tensors()
-            .any(|(n, s)| n == "transformer.layers.31.self_attn.in_projs.0.weight"
-                && s == [3 * 4096, 4096]));
-        assert!(ck
-            .tensors()
-            .any(|(n, s)| n == "depformer.layers.5.self_attn.in_projs.7.weight"
-                && s == [3 * 1024, 1024]));
+        assert!(ck.tensors().any(|(n, s)| n
+            == "transformer.layers.31.self_attn.in_projs.0.weight"
+            && s == [3 * 4096, 4096]));
+        assert!(ck.tensors().any(
+            |(n, s)| n == "depformer.layers.5.self_attn.in_projs.7.weight" && s == [3 * 1024, 1024]
+        ));
     }
 
     #[test]

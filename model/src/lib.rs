@@ -15,6 +15,7 @@ pub mod header_only;
 pub mod lm;
 pub mod mimi;
 pub mod ops;
+pub mod probe;
 pub mod spm;
 pub mod streaming;
 pub mod weights;

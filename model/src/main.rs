@@ -4,6 +4,7 @@
 //!   headers alone (config, every tensor name, shape and dtype) and prints
 //!   what it found; exits non-zero with the reason otherwise.
 //! * `write-demo DIR [--seed N]` writes the random-weight demo checkpoint.
+//! * `write-header-only DIR` writes a header-only Moshi 7B folder ([`moshid_model::header_only`]).
 
 use clap::{Parser, Subcommand};
 use moshid_model::checkpoint::CheckpointDir;
@@ -24,6 +25,12 @@ enum Command {
         /// The checkpoint folder.
         dir: PathBuf,
     },
+    /// Write a header-only Moshi 7B folder (published layout; the weights
+    /// are a hole in sparse files: for checks of real shapes, never to serve).
+    WriteHeaderOnly {
+        /// Destination folder.
+        dir: PathBuf,
+    },
     /// Write the random-weight demo checkpoint.
     WriteDemo {
         /// Destination folder (replaced).
@@ -37,6 +44,16 @@ enum Command {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
+        Command::WriteHeaderOnly { dir } => match moshid_model::header_only::write_moshi_7b(&dir) {
+            Ok(()) => {
+                println!("wrote a header-only Moshi 7B folder to {}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::WriteDemo { dir, seed } => match moshid_model::demo::write_demo(&dir, seed) {
             Ok(()) => {
                 println!(

@@ -169,7 +169,9 @@ fn read_header(path: &Path, file: &mut File) -> Result<(Metadata, usize), Checkp
     let n = u64::from_le_bytes(len);
     // safetensors' own bound on a header (100 MB).
     if n > 100_000_000 || 8 + n > file_len {
-        return Err(format(format!("header of {n} bytes in a file of {file_len}")));
+        return Err(format(format!(
+            "header of {n} bytes in a file of {file_len}"
+        )));
     }
     let mut header = vec![0u8; n as usize];
     file.read_exact(&mut header).map_err(io)?;
@@ -382,14 +384,13 @@ impl Checkpoint {
         let bytes = &self.mapped()?[e.byte_start..e.byte_start + numel * elem_bytes];
         // Fallible: a checkpoint too big for this machine is an error naming
         // the tensor, not an abort (the preflight should have said so first).
-        let mut out = crate::alloc::with_capacity::<f32>(numel, || {
-            format!("{numel} float32 values")
-        })
-        .map_err(|source| CheckpointError::Alloc {
-            path: self.path.clone(),
-            name: name.to_string(),
-            source,
-        })?;
+        let mut out =
+            crate::alloc::with_capacity::<f32>(numel, || format!("{numel} float32 values"))
+                .map_err(|source| CheckpointError::Alloc {
+                    path: self.path.clone(),
+                    name: name.to_string(),
+                    source,
+                })?;
         match e.dtype {
             Dtype::F32 => out.extend(
                 bytes

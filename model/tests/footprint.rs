@@ -101,7 +101,10 @@ fn the_footprint_bounds_a_real_load_closely() {
             f.bytes_for(8),
             f.weight_bytes()
         );
-        assert!(peak1 <= f.bytes_for(1) && peak8 <= f.bytes_for(8), "{name}: under-predicted");
+        assert!(
+            peak1 <= f.bytes_for(1) && peak8 <= f.bytes_for(8),
+            "{name}: under-predicted"
+        );
         assert!(
             per_slot >= per_slot_measured && per_slot <= 1.5 * per_slot_measured,
             "{name}: per-slot figure {per_slot:.0} vs {per_slot_measured:.0} measured"
@@ -113,4 +116,3 @@ fn the_footprint_bounds_a_real_load_closely() {
         );
     }
 }
-

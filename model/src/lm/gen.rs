@@ -20,8 +20,8 @@ use super::linear::linear;
 use super::sampling::{slot_rng, Sampler, SlotRng};
 use super::transformer::{AttnRow, StackScratch};
 use super::{GenParams, Lm, LmStepOutput, ParamError};
-use crate::ops::rms_norm;
 use crate::alloc::{self, AllocError};
+use crate::ops::rms_norm;
 
 /// A cache entry that was never written (the official `ungenerated_token_id`);
 /// never read back by construction.
