@@ -490,7 +490,7 @@ impl Config {
             ));
         }
         if let Some(r) = &m.repo {
-            crate::hub::RepoRef::parse(r).map_err(|e| invalid("model.repo", &e.to_string()))?;
+            crate::hub::RepoRef::parse(r).map_err(|e| invalid("model.repo", e.to_string()))?;
         }
         if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
             return Err(invalid(

@@ -54,7 +54,7 @@ pub fn write_file(path: &Path, tensors: &[TensorSpec], dtype: Dtype) -> Result<u
     }
     let mut text = serde_json::to_string(&header).expect("a JSON map serialises");
     // The data region starts 8-byte aligned, as safetensors writes it.
-    while (text.len() + 8) % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

@@ -122,11 +122,9 @@ impl Progress {
         let mut err = std::io::stderr().lock();
         if self.tty {
             let width = 24;
-            let filled = if self.total > 0 {
-                (width as u64 * self.done / self.total) as usize
-            } else {
-                width
-            };
+            let filled = (width as u64 * self.done)
+                .checked_div(self.total)
+                .map_or(width, |f| f as usize);
             let bar: String =
                 "#".repeat(filled.min(width)) + &"-".repeat(width - filled.min(width));
             let _ = write!(err, "\r\x1b[2K{} [{bar}] {}", self.file, self.line());

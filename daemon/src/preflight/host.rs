@@ -94,7 +94,7 @@ impl HostMemory {
                 .unwrap_or(0);
             limits.push(Limit {
                 name: "RLIMIT_AS (ulimit -v)",
-                available: (rl.rlim_cur as u64).saturating_sub(used),
+                available: rl.rlim_cur.saturating_sub(used),
                 counts_mappings: true,
             });
         }
