@@ -12,8 +12,8 @@
 //!   state for `max_slots`, scratch) against the lowest of `MemAvailable`,
 //!   the cgroup's `memory.max` and `RLIMIT_AS` ([`host`]).
 //! - **CPU speed**: the step at batch 1 predicted from a measured probe of
-//!   this machine ([`speed`]) against the engine's budget per step
-//!   (`80 ms / engine.phase_groups − engine.budget_margin_ms`); over it,
+//!   this machine ([`speed`]) against the frame it must produce (80 ms);
+//!   over it,
 //!   `serve` refuses unless `model.allow_slow` (`--allow-slow`), and then
 //!   admission still refuses every stream it cannot carry.
 //! - **CUDA memory**: the kernels' memory plan ([`moshid_kernels::plan`])
@@ -177,24 +177,24 @@ pub fn cpu_memory_refusal(dir: &CheckpointDir, m: &CpuMemory) -> Refusal {
     ))
 }
 
-/// The engine's budget for one step, in milliseconds (as admission uses it).
-pub fn step_budget_ms(config: &Config, dir: &CheckpointDir) -> f64 {
-    let frame_ms = 1000.0 / dir.mimi.frame_rate;
-    frame_ms / config.engine.phase_groups as f64 - config.engine.budget_margin_ms
+/// The real-time bound on one stream's step, in milliseconds: the frame.
+/// A model slower than its frame at batch 1 can never keep up; the finer
+/// budget (`80 ms / engine.phase_groups − engine.budget_margin_ms`, which
+/// can be tightened at will) is admission's to apply, stream by stream.
+pub fn frame_ms(dir: &CheckpointDir) -> f64 {
+    1000.0 / dir.mimi.frame_rate
 }
 
 /// The refusal for a CPU step predicted over the budget.
 pub fn cpu_speed_refusal(dir: &CheckpointDir, p: &speed::Prediction, budget_ms: f64) -> Refusal {
     Refusal(format!(
         "{} cannot run in real time on this machine's CPU: one stream's step is predicted at {}, \
-         over the {budget_ms:.0} ms budget per step (a frame is {:.0} ms; \
-         `engine.budget_margin_ms` is kept free). Ways out:\n  \
+         longer than the {budget_ms:.0} ms of audio a step makes. Ways out:\n  \
          - the GPU backend: `--backend cuda` on a machine with an NVIDIA GPU ({})\n  \
          - `--allow-slow` (`model.allow_slow`) to start anyway, for offline or test use: \
          admission still refuses every stream it cannot carry in real time",
         model_name(dir),
         p.explain(),
-        1000.0 / dir.mimi.frame_rate,
         gpu_figures(dir)
     ))
 }
@@ -210,7 +210,7 @@ pub fn cpu(config: &Config, dir: &CheckpointDir) -> Result<(usize, speed::Predic
     let rates = moshid_model::probe::measure()
         .map_err(|e| Refusal(format!("measuring this machine before loading: {e}")))?;
     let p = speed::predict(speed::step_work(dir), rates);
-    let budget = step_budget_ms(config, dir);
+    let budget = frame_ms(dir);
     if p.step_ms() > budget && !config.model.allow_slow {
         return Err(cpu_speed_refusal(dir, &p, budget));
     }
@@ -403,11 +403,7 @@ mod tests {
         config.model.allow_slow = true;
         let (slots, p) = cpu(&config, &dir).unwrap();
         assert_eq!(slots, 1);
-        assert!(
-            p.step_ms() > step_budget_ms(&config, &dir),
-            "{}",
-            p.explain()
-        );
+        assert!(p.step_ms() > frame_ms(&dir), "{}", p.explain());
     }
 
     #[test]
@@ -420,9 +416,9 @@ mod tests {
                 flops_per_s: 100e9,
             },
         );
-        let r = cpu_speed_refusal(&dir, &p, 70.0).to_string();
+        let r = cpu_speed_refusal(&dir, &p, 80.0).to_string();
         assert!(
-            r.contains("--allow-slow") && r.contains("70 ms budget"),
+            r.contains("--allow-slow") && r.contains("80 ms of audio"),
             "{r}"
         );
         assert!(r.contains("GB/s"), "{r}");

@@ -2,7 +2,7 @@
 //! `serve` makes before loading (memory and speed on the CPU, memory on a
 //! CUDA device when a driver is present), printed instead of enforced.
 
-use super::{cpu_memory, gib, speed, step_budget_ms};
+use super::{cpu_memory, frame_ms, gib, speed};
 use crate::config::{Backend, Config, CPU_DEFAULT_SLOTS};
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
 use moshid_kernels::device::{Device, DeviceError};
@@ -27,11 +27,13 @@ pub fn print_for_this_machine(dir: &CheckpointDir, config: &Config) {
         match moshid_model::probe::measure() {
             Ok(rates) => {
                 let p = speed::predict(speed::step_work(dir), rates);
-                let budget = step_budget_ms(config, dir);
+                let budget = frame_ms(dir);
                 let verdict = if p.step_ms() <= budget {
                     "real time".to_string()
                 } else {
-                    format!("NOT real time (budget {budget:.0} ms; `serve` needs --allow-slow)")
+                    format!(
+                        "NOT real time (over the {budget:.0} ms frame; `serve` needs --allow-slow)"
+                    )
                 };
                 println!(
                     "    cpu speed       predicted step at batch 1: {}: {verdict}",
