@@ -1,46 +1,48 @@
-//! A short measurement of this machine with the CPU backend's own kernels,
-//! from which the preflight predicts a model's step time before loading it.
+//! A short measurement of this machine with the CPU backend's own code,
+//! from which the preflight predicts a model's step time before loading it:
+//! - the rate at which the LM's linear kernel streams a weight matrix far
+//!   larger than the caches at one row — a stream's LM step at batch 1
+//!   reads every weight once, so it is bound by this rate
+//!   ([`weight_stream_rate`]);
+//! - a few real frames of the checkpoint's own Mimi, encode and decode, at
+//!   batch 1 ([`mimi_step_ms`]): Mimi is small (its weights are loaded for
+//!   this, a fraction of the model) but its convolutions at one stream are
+//!   far from any arithmetic peak, so it is timed rather than estimated.
 //!
-//! Two figures, each the best of a few runs of a few milliseconds:
-//! - how fast the LM's linear kernel streams a weight matrix far larger
-//!   than the caches at one row (a stream's step at batch 1 reads every LM
-//!   weight once: it is bound by this rate, not by arithmetic);
-//! - how many multiply-adds per second Mimi's packed product does on a
-//!   cache-resident problem of many rows (Mimi's convolutions and
-//!   transformers are products of this kind).
-//!
-//! The whole probe takes well under a second and allocates 64 MiB (through
-//! the fallible path: a machine without them gets an error, not an abort).
+//! Figures are medians, so a busy machine is judged as it is, not by its
+//! luckiest moment. The whole probe takes well under a second on a real
+//! Mimi; its buffers go through the fallible path.
 
 use crate::alloc::{self, AllocError};
+use crate::checkpoint::{CheckpointDir, DirError};
+use crate::mimi::Mimi;
+use crate::weights::Weights;
 use std::time::Instant;
-
-/// What the probe measured.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HostRates {
-    /// Bytes of float32 weights per second the LM kernel reads at one row.
-    pub weight_bytes_per_s: f64,
-    /// Floating-point operations per second (a multiply-add is two) of
-    /// Mimi's packed product.
-    pub flops_per_s: f64,
-}
 
 /// Side of the streamed matrix: 4096² float32 values, 64 MiB.
 const STREAM_DIM: usize = 4096;
 
-fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
-    f(); // warm: pages touched, code and caches loaded
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
-/// Measures this machine (one thread, the calling one).
-pub fn measure() -> Result<HostRates, AllocError> {
+fn timed(runs: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm: pages touched, code and caches loaded
+    median(
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// Bytes of float32 weights per second the LM kernel reads at one row (one
+/// thread, the calling one).
+pub fn weight_stream_rate() -> Result<f64, AllocError> {
     let n = STREAM_DIM;
     let mut w: Vec<f32> = alloc::zeroed(n * n, || "the host probe's 64 MiB matrix".into())?;
     // Values that are neither zero nor denormal, so nothing takes a fast path.
@@ -49,32 +51,44 @@ pub fn measure() -> Result<HostRates, AllocError> {
     }
     let x = vec![0.5f32; n];
     let mut y = vec![0.0f32; n];
-    let t = best_of(3, || crate::lm::linear(&x, 1, &w, n, n, &mut y));
-    let weight_bytes_per_s = (n * n * 4) as f64 / t;
-    drop(w);
+    let t = timed(5, || crate::lm::linear(&x, 1, &w, n, n, &mut y));
+    std::hint::black_box(&y);
+    Ok((n * n * 4) as f64 / t)
+}
 
-    // Mimi-like: 512 wide, 128 rows; 32 MFLOP per call, about 1 MiB of panels.
-    let (m, k, cols) = (128, 512, 512);
-    let lin = crate::mimi::PackedLinear::from_fn(cols, k, |o, i| ((o + i) % 13) as f32 * 1e-2);
-    let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
-    let mut ys = vec![0.0f32; m * cols];
-    let t = best_of(5, || lin.forward(&xs, m, &mut ys));
-    let flops_per_s = (2 * m * k * cols) as f64 / t;
-    std::hint::black_box((&y, &ys));
-    Ok(HostRates {
-        weight_bytes_per_s,
-        flops_per_s,
-    })
+/// Milliseconds of one frame of the checkpoint's Mimi (encode + decode) for
+/// one stream: the median of `frames` frames after two of warm-up.
+pub fn mimi_step_ms(dir: &CheckpointDir, frames: usize) -> Result<f64, DirError> {
+    let mut w = Weights::open(&dir.mimi_weights)?;
+    let mimi = Mimi::load(&dir.mimi, &mut w, dir.mimi_codebooks())?;
+    drop(w);
+    let mut state = mimi.try_new_state(1)?;
+    let fs = mimi.frame_samples();
+    let pcm: Vec<f32> = (0..fs).map(|i| (i as f32 * 0.05).sin() * 0.1).collect();
+    let mut codes = vec![0u32; mimi.num_codebooks()];
+    let mut out = vec![0.0f32; fs];
+    let mut step = || {
+        mimi.encode_step(&mut state, &pcm, &[true], &mut codes);
+        mimi.decode_step(&mut state, &codes, &[true], &mut out);
+    };
+    step();
+    let t = timed(frames.max(1), &mut step);
+    std::hint::black_box(&out);
+    Ok(t * 1e3)
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_probe_measures_plausible_rates() {
-        let r = super::measure().unwrap();
-        // Any machine that builds this: between 0.1 GB/s and 1 TB/s, and
-        // between 0.1 and 10,000 GFLOP/s on one thread.
-        assert!((1e8..1e12).contains(&r.weight_bytes_per_s), "{r:?}");
-        assert!((1e8..1e13).contains(&r.flops_per_s), "{r:?}");
+    fn the_probe_measures_plausible_figures() {
+        let r = super::weight_stream_rate().unwrap();
+        // Any machine that builds this: between 0.1 GB/s and 1 TB/s.
+        assert!((1e8..1e12).contains(&r), "{r}");
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("demo");
+        crate::demo::write_demo(&d, 3).unwrap();
+        let dir = super::CheckpointDir::open(&d).unwrap();
+        let ms = super::mimi_step_ms(&dir, 3).unwrap();
+        assert!(ms > 0.0 && ms < 1000.0, "{ms}");
     }
 }

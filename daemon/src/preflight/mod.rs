@@ -207,9 +207,8 @@ pub fn cpu(config: &Config, dir: &CheckpointDir) -> Result<(usize, speed::Predic
     if !m.fits() {
         return Err(cpu_memory_refusal(dir, &m));
     }
-    let rates = moshid_model::probe::measure()
+    let p = speed::measure_and_predict(dir)
         .map_err(|e| Refusal(format!("measuring this machine before loading: {e}")))?;
-    let p = speed::predict(speed::step_work(dir), rates);
     let budget = frame_ms(dir);
     if p.step_ms() > budget && !config.model.allow_slow {
         return Err(cpu_speed_refusal(dir, &p, budget));
@@ -409,13 +408,7 @@ mod tests {
     #[test]
     fn a_slow_model_message_names_the_override() {
         let (_t, dir) = moshi_7b();
-        let p = speed::predict(
-            speed::step_work(&dir),
-            moshid_model::probe::HostRates {
-                weight_bytes_per_s: 20e9,
-                flops_per_s: 100e9,
-            },
-        );
+        let p = speed::predict(speed::step_work(&dir), 20e9, 20.0);
         let r = cpu_speed_refusal(&dir, &p, 80.0).to_string();
         assert!(
             r.contains("--allow-slow") && r.contains("80 ms of audio"),

@@ -24,9 +24,8 @@ pub fn print_for_this_machine(dir: &CheckpointDir, config: &Config) {
             format!("does NOT fit; at most {} slot(s) would", m.fits_slots)
         };
         println!("    cpu memory      {}: {verdict}", m.summary());
-        match moshid_model::probe::measure() {
-            Ok(rates) => {
-                let p = speed::predict(speed::step_work(dir), rates);
+        match speed::measure_and_predict(dir) {
+            Ok(p) => {
                 let budget = frame_ms(dir);
                 let verdict = if p.step_ms() <= budget {
                     "real time".to_string()

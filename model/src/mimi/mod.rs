@@ -29,8 +29,6 @@
 mod act;
 mod conv;
 mod linear;
-/// The packed product, for the host probe ([`crate::probe`]).
-pub(crate) use linear::PackedLinear;
 mod quantizer;
 mod resample;
 mod seanet;
