@@ -12,8 +12,8 @@
 //! memory plan fits into the device's free memory less
 //! `model.cuda.memory_reserve_mib`, and it is printed.
 
-use crate::config::{Backend, Config, CudaPrecision, KvCacheType, CPU_DEFAULT_SLOTS};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::config::{Backend, Config, CudaPrecision, KvCacheType};
+use anyhow::{bail, Context, Result};
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
 use moshid_kernels::device::{Device, DeviceError};
 use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
@@ -76,7 +76,12 @@ pub fn build(config: &Config, dir: &CheckpointDir, cache: &Path) -> Result<Built
 }
 
 fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
-    let slots = config.model.max_slots.unwrap_or(CPU_DEFAULT_SLOTS);
+    // Before any weight is read: does it fit, and is it fast enough?
+    let (slots, predicted) = crate::preflight::cpu(config, dir)?;
+    eprintln!(
+        "<6>backend: cpu preflight: {slots} slots fit; predicted step at batch 1: {}",
+        predicted.explain()
+    );
     let model = CpuModel::load(dir, slots)
         .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
     Ok(Built {
@@ -85,8 +90,9 @@ fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
     })
 }
 
-/// The GPU model on `dev` (a [`CudaDevice`] when serving; any [`Device`] in tests).
-pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) -> Result<Built> {
+/// The CUDA backend's precision, KV cache type and memory plan for `dir`
+/// under `config` (what [`gpu`] builds, and what `check-checkpoint` reports).
+pub fn cuda_plan(config: &Config, dir: &CheckpointDir) -> Result<(Precision, KvDtype, MemoryPlan)> {
     let c = &config.model.cuda;
     let (precision, kv) = match (c.precision, c.kv()) {
         (CudaPrecision::Bf16, KvCacheType::Bf16) => (Precision::Bf16, KvDtype::Bf16),
@@ -94,9 +100,6 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
         (CudaPrecision::F32, KvCacheType::F32) => (Precision::F32, KvDtype::F32),
         (p, k) => bail!("config key `model.cuda.kv_cache`: {k:?} with precision {p:?}"),
     };
-    let name = dev.name();
-    let (free, total) = dev.memory().context("reading the GPU's free memory")?;
-    let reserve = c.memory_reserve_mib << 20;
     let mut plan = MemoryPlan::new(
         &dir.lm,
         &dir.mimi,
@@ -108,29 +111,25 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
     if precision == Precision::F32 {
         plan.lm_weight_bytes *= 2;
     }
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let (slots, how) = match config.model.max_slots {
-        Some(n) => {
-            plan.check_fits(n, free as u64, reserve)
-                .map_err(|e| anyhow!("config key `model.max_slots`: {e}"))?;
-            (n, "configured".to_string())
-        }
-        None => {
-            let n = plan
-                .max_slots(free as u64, reserve)
-                .map_err(|e| anyhow!("deriving `model.max_slots` from GPU memory: {e}"))?;
-            (
-                n.min(4096),
-                format!(
-                    "from {:.1} of {:.1} GiB free, {:.1} GiB reserved, {:.2} GiB per slot",
-                    gib(free as u64),
-                    gib(total as u64),
-                    gib(reserve),
-                    gib(plan.bytes_for(2) - plan.bytes_for(1)),
-                ),
-            )
-        }
-    };
+    Ok((precision, kv, plan))
+}
+
+/// The GPU model on `dev` (a [`CudaDevice`] when serving; any [`Device`] in tests).
+pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) -> Result<Built> {
+    let c = &config.model.cuda;
+    let (precision, kv, plan) = cuda_plan(config, dir)?;
+    let name = dev.name();
+    let (free, total) = dev.memory().context("reading the GPU's free memory")?;
+    let reserve = c.memory_reserve_mib << 20;
+    let (slots, how) = crate::preflight::cuda_slots(
+        dir,
+        &plan,
+        kv,
+        config.model.max_slots,
+        free as u64,
+        total as u64,
+        reserve,
+    )?;
     eprintln!("<6>backend: cuda on {name}: building for {slots} slots ({how})");
     // A captured launch runs only when its graph does, where no sync can
     // follow it: debug-sync steps launch by launch.
@@ -217,6 +216,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(format!("{e:#}").contains("model.max_slots"), "{e:#}");
+        assert!(format!("{e:#}").contains("not enough GPU memory"), "{e:#}");
     }
 
     #[test]

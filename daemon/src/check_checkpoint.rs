@@ -110,13 +110,22 @@ pub fn print_capacity(lm: &LmConfig, mimi: &MimiConfig) {
     }
 }
 
-/// The command: the report and the plan, or the reason and a failure code.
-pub fn main(dir: &Path) -> ExitCode {
+/// The command: the report, the plan and this machine's verdict for
+/// `setup` (what `moshid serve` with those arguments would find), or the
+/// reason and a failure code.
+pub fn main(dir: &Path, setup: &crate::cli::ServeArgs) -> ExitCode {
     let started = std::time::Instant::now();
     match open_and_check(dir) {
         Ok((d, r)) => {
             print_report(&d, &r, started.elapsed());
             print_capacity(&d.lm, &d.mimi);
+            match setup.resolve() {
+                Ok(cfg) => crate::preflight::report::print_for_this_machine(&d, &cfg),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

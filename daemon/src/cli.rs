@@ -1,4 +1,5 @@
-//! The command line: `moshid serve`, `moshid client`, `moshid check-checkpoint`.
+//! The command line: `moshid serve`, `moshid client`, `moshid check-checkpoint`,
+//! `moshid pull`.
 //!
 //! `serve` with no arguments runs the embedded demo checkpoint on the CPU on
 //! 127.0.0.1:8998. Command-line values override the config file's; the
@@ -32,10 +33,26 @@ pub enum Command {
     Serve(ServeArgs),
     /// Stream a WAV file to a daemon in real time and write what comes back.
     Client(ClientArgs),
-    /// Validate a checkpoint folder from its headers (reads no weights).
+    /// Validate a checkpoint folder from its headers (reads no weights), and
+    /// say whether this machine can serve it.
     CheckCheckpoint {
         /// The checkpoint folder.
         dir: PathBuf,
+        /// Judge this machine for this config file's backend, slots and budget.
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+        /// Backend to judge (default: the config's, `auto`).
+        #[arg(long, value_enum)]
+        backend: Option<Backend>,
+        /// Slots to judge.
+        #[arg(long)]
+        max_slots: Option<usize>,
+    },
+    /// Fetch a checkpoint from the Hugging Face hub into its cache
+    /// (OWNER/NAME[@REVISION]; HF_ENDPOINT, HF_TOKEN, HF_HOME as the official tools).
+    Pull {
+        /// The repository, e.g. kyutai/moshiko-pytorch-bf16 or kyutai/NAME@REVISION.
+        repo: String,
     },
 }
 
@@ -48,6 +65,14 @@ pub struct ServeArgs {
     /// Checkpoint folder (default: the embedded demo).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// A hub repository to fetch (into the hub cache) and serve:
+    /// OWNER/NAME[@REVISION] (`model.repo`).
+    #[arg(long, conflicts_with = "model")]
+    pub model_repo: Option<String>,
+    /// Start even if the CPU backend cannot run the model in real time
+    /// (`model.allow_slow`; admission still refuses what it cannot carry).
+    #[arg(long)]
+    pub allow_slow: bool,
     /// Listen address, e.g. 127.0.0.1:8998 (port 0 picks a free port).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -84,6 +109,14 @@ impl ServeArgs {
         };
         if let Some(m) = &self.model {
             cfg.model.dir = Some(m.clone());
+            cfg.model.repo = None;
+        }
+        if let Some(r) = &self.model_repo {
+            cfg.model.repo = Some(r.clone());
+            cfg.model.dir = None;
+        }
+        if self.allow_slow {
+            cfg.model.allow_slow = true;
         }
         if let Some(a) = self.listen {
             cfg.listen.address = a;
@@ -177,6 +210,15 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     } else {
         ("http", "ws")
     };
+    if let Some(repo) = cfg.model.repo.take() {
+        match crate::hub::pull_command_dir(&repo) {
+            Ok(dir) => cfg.model.dir = Some(dir),
+            Err(e) => {
+                eprintln!("error: config key `model.repo`: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let loaded = match runtime::load_model(&cfg) {
         Ok(m) => {
             // Lanes and tables are sized from the slots the model really has
@@ -231,6 +273,21 @@ pub fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Client(args) => crate::client::main_client(args),
-        Command::CheckCheckpoint { dir } => crate::check_checkpoint::main(&dir),
+        Command::CheckCheckpoint {
+            dir,
+            config,
+            backend,
+            max_slots,
+        } => {
+            // The machine's verdict is judged for this set-up.
+            let setup = ServeArgs {
+                config,
+                backend,
+                max_slots,
+                ..ServeArgs::default()
+            };
+            crate::check_checkpoint::main(&dir, &setup)
+        }
+        Command::Pull { repo } => crate::hub::pull_command(&repo),
     }
 }

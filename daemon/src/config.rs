@@ -71,6 +71,12 @@ pub struct ModelConfig {
     pub max_slots: Option<usize>,
     /// Where the demo checkpoint is written on first use.
     pub cache_dir: Option<PathBuf>,
+    /// A Hugging Face hub repository (`kyutai/NAME[@REVISION]`) to fetch
+    /// into the hub cache and serve, instead of `dir`.
+    pub repo: Option<String>,
+    /// Start even when the CPU backend's predicted step at batch 1 is over
+    /// the budget (offline or test use; admission still applies).
+    pub allow_slow: bool,
     /// The CUDA backend's settings.
     pub cuda: CudaConfig,
 }
@@ -158,6 +164,8 @@ impl Default for ModelConfig {
             backend: Backend::Auto,
             max_slots: None,
             cache_dir: None,
+            repo: None,
+            allow_slow: false,
             cuda: CudaConfig::default(),
         }
     }
@@ -499,6 +507,15 @@ impl Config {
     /// Checks every bound; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let m = &self.model;
+        if m.dir.is_some() && m.repo.is_some() {
+            return Err(invalid(
+                "model.repo",
+                "conflicts with `model.dir`: serve a folder or a hub repository, not both",
+            ));
+        }
+        if let Some(r) = &m.repo {
+            crate::hub::RepoRef::parse(r).map_err(|e| invalid("model.repo", e.to_string()))?;
+        }
         if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
             return Err(invalid(
                 "model.max_slots",

@@ -37,6 +37,9 @@ pub enum DirError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The memory for the model's state could not be had.
+    #[error("{0}")]
+    Alloc(#[from] crate::alloc::AllocError),
     /// A file the layout needs is absent.
     #[error("{0}: not found (needed by the checkpoint folder)")]
     Missing(PathBuf),
@@ -128,9 +131,9 @@ impl CheckpointDir {
     /// Validates every tensor's name, shape and dtype from the headers.
     pub fn check(&self) -> Result<CheckReport, DirError> {
         let lm_params =
-            Checkpoint::open(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
-        let mimi_params =
-            Checkpoint::open(&self.mimi_weights)?.validate(&Mimi::tensor_specs(&self.mimi))?;
+            Checkpoint::open_header(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
+        let mimi_params = Checkpoint::open_header(&self.mimi_weights)?
+            .validate(&Mimi::tensor_specs(&self.mimi))?;
         if self.mimi_codebooks() > self.mimi.quantizer.n_q {
             return Err(DirError::Config(ConfigError::BadValue {
                 key: "n_q".into(),

@@ -12,6 +12,7 @@
 //! steps); until then the decoder does not advance for that slot, as in the
 //! official server, which skips decoding while `LMGen.step` returns `None`.
 
+use crate::alloc::AllocError;
 use crate::checkpoint::{CheckpointDir, DirError};
 use crate::config::ConfigError;
 use crate::lm::{Lm, LmState, LmStepOutput};
@@ -59,18 +60,25 @@ impl CpuModel {
         let mut lw = Weights::open(&dir.lm_weights)?;
         let lm = Lm::load(&dir.lm, &mut lw)?;
         lw.finish()?;
-        Ok(Self::from_parts(mimi, lm, max_slots))
+        Ok(Self::try_from_parts(mimi, lm, max_slots)?)
     }
 
-    /// A backend over already loaded models.
+    /// A backend over already loaded models. Panics when the state's memory
+    /// cannot be had (see [`CpuModel::try_from_parts`]).
     pub fn from_parts(mimi: Mimi, lm: Lm, max_slots: usize) -> Self {
+        Self::try_from_parts(mimi, lm, max_slots)
+            .unwrap_or_else(|e| panic!("CPU model for {max_slots} slots: {e}"))
+    }
+
+    /// [`CpuModel::from_parts`], with the caches allocated fallibly.
+    pub fn try_from_parts(mimi: Mimi, lm: Lm, max_slots: usize) -> Result<Self, AllocError> {
         let nq = mimi.num_codebooks();
         let n_user = lm.config().num_user_codebooks();
         let mut eos_codes = vec![0; n_user];
         lm.end_of_stream_user_codes(&mut eos_codes);
-        CpuModel {
-            mimi_state: mimi.new_state(max_slots),
-            lm_state: lm.new_state(max_slots),
+        Ok(CpuModel {
+            mimi_state: mimi.try_new_state(max_slots)?,
+            lm_state: lm.try_new_state(max_slots)?,
             lm_out: lm.new_output(max_slots),
             codes: vec![0; max_slots * nq],
             user_codes: vec![0; max_slots * n_user],
@@ -82,7 +90,7 @@ impl CpuModel {
             mimi,
             lm,
             max_slots,
-        }
+        })
     }
 
     /// The LM.

@@ -5,13 +5,17 @@
 //! backend is exact against the official implementation and is the oracle for
 //! every other backend.
 
+pub mod alloc;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod demo;
+pub mod footprint;
+pub mod header_only;
 pub mod lm;
 pub mod mimi;
 pub mod ops;
+pub mod probe;
 pub mod spm;
 pub mod streaming;
 pub mod weights;

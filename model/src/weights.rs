@@ -17,7 +17,8 @@
 //! tensor; [`Weights::finish`] refuses a checkpoint with tensors nobody asked for.
 
 use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::Dtype;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -78,6 +79,16 @@ pub enum CheckpointError {
         path: PathBuf,
         /// The tensor.
         name: String,
+    },
+    /// The memory for a tensor's values could not be had.
+    #[error("{path}: tensor `{name}`: {source}")]
+    Alloc {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// What the allocator refused.
+        source: crate::alloc::AllocError,
     },
     /// A stacked attention tensor that cannot be split evenly.
     #[error("{path}: stacked tensor `{name}` of shape {shape:?} cannot be split into per-step projections")]
@@ -152,10 +163,13 @@ struct Stacked {
     byte_start: usize,
 }
 
-/// A mapped safetensors file, indexed by split-scheme names.
+/// A safetensors file, indexed by split-scheme names: mapped for loading
+/// ([`Checkpoint::open`]), or its header alone for validation
+/// ([`Checkpoint::open_header`]).
 pub struct Checkpoint {
     path: PathBuf,
-    mmap: Mmap,
+    /// `None` for a header-only open.
+    mmap: Option<Mmap>,
     entries: BTreeMap<String, Entry>,
     /// Stacked tensors by split-scheme prefix (`….self_attn.in_projs`).
     stacks: BTreeMap<String, Stacked>,
@@ -175,9 +189,67 @@ fn dtype_name(d: Dtype) -> String {
     format!("{d:?}")
 }
 
+/// Reads and checks a safetensors header from the file itself (never more
+/// than the header): the tensors, and where the data region starts.
+fn read_header(path: &Path, file: &mut File) -> Result<(Metadata, usize), CheckpointError> {
+    use std::io::Read;
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let format = |why: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        why,
+    };
+    let file_len = file.metadata().map_err(io)?.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|e| format(format!("no header ({e})")))?;
+    let n = u64::from_le_bytes(len);
+    // safetensors' own bound on a header (100 MB).
+    if n > 100_000_000 || 8 + n > file_len {
+        return Err(format(format!(
+            "header of {n} bytes in a file of {file_len}"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let text = std::str::from_utf8(&header).map_err(|e| format(e.to_string()))?;
+    let meta: Metadata = serde_json::from_str(text).map_err(|e| format(e.to_string()))?;
+    // What `SafeTensors::deserialize` checks, without the data in memory:
+    // the tensors tile the data region exactly, each its dtype × shape.
+    let mut spans: Vec<(usize, usize, usize)> = meta
+        .tensors()
+        .values()
+        .map(|t| {
+            let bytes = t.shape.iter().product::<usize>() * t.dtype.bitsize() / 8;
+            (t.data_offsets.0, t.data_offsets.1, bytes)
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut end = 0;
+    for (start, stop, bytes) in &spans {
+        if *start != end || stop.checked_sub(*start) != Some(*bytes) {
+            return Err(format(format!(
+                "tensor data offsets {start}..{stop} do not tile the data region"
+            )));
+        }
+        end = *stop;
+    }
+    if 8 + n + end as u64 != file_len {
+        return Err(format(format!(
+            "the header describes {} bytes of data, the file holds {}",
+            end,
+            file_len - 8 - n
+        )));
+    }
+    Ok((meta, 8 + n as usize))
+}
+
 impl Checkpoint {
     /// Maps a file and reads its header. Touches no tensor data.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let mut ck = Self::open_header(path)?;
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
@@ -185,18 +257,28 @@ impl Checkpoint {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is mapped read-only; a checkpoint modified while
         // mapped is outside what we support (as for every mmap-based loader),
-        // and every view into the map is bounds-checked by safetensors.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let st = SafeTensors::deserialize(&mmap).map_err(|e| CheckpointError::Format {
+        // and every view into the map is bounds-checked (the header was
+        // checked against the file's length).
+        ck.mmap = Some(unsafe { Mmap::map(&file) }.map_err(io)?);
+        Ok(ck)
+    }
+
+    /// Reads a file's header only: names, shapes and dtypes, for
+    /// validation. Reads and maps nothing else, so a checkpoint of any size
+    /// is checked in milliseconds and within any memory limit; its tensors
+    /// cannot be read ([`Checkpoint::raw`] and [`Checkpoint::read_f32`] fail).
+    pub fn open_header(path: &Path) -> Result<Self, CheckpointError> {
+        let mut file = File::open(path).map_err(|source| CheckpointError::Io {
             path: path.to_path_buf(),
-            why: e.to_string(),
+            source,
         })?;
+        let (meta, data_start) = read_header(path, &mut file)?;
         let mut entries = BTreeMap::new();
         let mut stacks = BTreeMap::new();
-        for (name, view) in st.tensors() {
-            let shape = view.shape().to_vec();
-            let dtype = view.dtype();
-            let byte_start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
+        for (name, info) in meta.tensors() {
+            let shape = info.shape.clone();
+            let dtype = info.dtype;
+            let byte_start = data_start + info.data_offsets.0;
             let prefix = if let Some(head) = name.strip_suffix(IN_STACKED) {
                 Some(format!("{head}.self_attn.in_projs"))
             } else {
@@ -236,9 +318,17 @@ impl Checkpoint {
         }
         Ok(Checkpoint {
             path: path.to_path_buf(),
-            mmap,
+            mmap: None,
             entries,
             stacks,
+        })
+    }
+
+    /// The mapped file; an error for a header-only open.
+    fn mapped(&self) -> Result<&Mmap, CheckpointError> {
+        self.mmap.as_ref().ok_or_else(|| CheckpointError::Io {
+            path: self.path.clone(),
+            source: std::io::Error::other("opened for its header only"),
         })
     }
 
@@ -375,7 +465,7 @@ impl Checkpoint {
             _ => unreachable!("entry() admits float dtypes only"),
         };
         let numel: usize = e.shape.iter().product();
-        let bytes = &self.mmap[e.byte_start..e.byte_start + numel * dtype.bytes()];
+        let bytes = &self.mapped()?[e.byte_start..e.byte_start + numel * dtype.bytes()];
         Ok(RawTensor { dtype, bytes })
     }
 
@@ -384,22 +474,34 @@ impl Checkpoint {
         let e = self.entry(name, shape)?;
         let numel: usize = e.shape.iter().product();
         let elem_bytes = if e.dtype == Dtype::F32 { 4 } else { 2 };
-        let bytes = &self.mmap[e.byte_start..e.byte_start + numel * elem_bytes];
-        let out = match e.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+        let bytes = &self.mapped()?[e.byte_start..e.byte_start + numel * elem_bytes];
+        // Fallible: a checkpoint too big for this machine is an error naming
+        // the tensor, not an abort (the preflight should have said so first).
+        let mut out =
+            crate::alloc::with_capacity::<f32>(numel, || format!("{numel} float32 values"))
+                .map_err(|source| CheckpointError::Alloc {
+                    path: self.path.clone(),
+                    name: name.to_string(),
+                    source,
+                })?;
+        match e.dtype {
+            Dtype::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::BF16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
             _ => unreachable!("entry() admits float dtypes only"),
-        };
+        }
         Ok(out)
     }
 }

@@ -20,6 +20,7 @@ use super::linear::linear;
 use super::sampling::{slot_rng, Sampler, SlotRng};
 use super::transformer::{AttnRow, StackScratch};
 use super::{GenParams, Lm, LmStepOutput, ParamError};
+use crate::alloc::{self, AllocError};
 use crate::ops::rms_norm;
 
 /// A cache entry that was never written (the official `ungenerated_token_id`);
@@ -112,8 +113,16 @@ impl Lm {
     }
 
     /// A state for `max_slots` slots, each reset with [`GenParams::default`].
-    /// Everything a step needs is allocated here.
+    /// Everything a step needs is allocated here. Panics when the memory
+    /// cannot be had: loaders use [`Lm::try_new_state`].
     pub fn new_state(&self, max_slots: usize) -> LmState {
+        self.try_new_state(max_slots)
+            .unwrap_or_else(|e| panic!("LM state for {max_slots} slots: {e}"))
+    }
+
+    /// [`Lm::new_state`], with the caches (the part that grows with the
+    /// context and `max_slots`) allocated fallibly.
+    pub fn try_new_state(&self, max_slots: usize) -> Result<LmState, AllocError> {
         let cfg = &self.cfg;
         let rps = self.rows_per_slot();
         let rows = max_slots * rps;
@@ -153,14 +162,21 @@ impl Lm {
             ),
             cond_tmp: vec![0.0; cfg.dim],
             null_tmp: vec![0.0; cfg.dim],
-            dep_kv: vec![0.0; rows * self.depformer.stack().kv_row_len()],
+            dep_kv: alloc::zeroed(rows * self.depformer.stack().kv_row_len(), || {
+                format!("the depformer's KV caches for {max_slots} slots")
+            })?,
         };
         let mut st = LmState {
             max_slots,
             rows_per_slot: rps,
             slots,
             cond: vec![0.0; rows * cfg.dim],
-            kv: vec![0.0; rows * self.temporal.kv_row_len()],
+            kv: alloc::zeroed(rows * self.temporal.kv_row_len(), || {
+                format!(
+                    "the LM's KV caches for {max_slots} slots (context {})",
+                    cfg.context
+                )
+            })?,
             sc,
         };
         let defaults = GenParams::default();
@@ -168,7 +184,7 @@ impl Lm {
             self.reset_slot(&mut st, s, &defaults)
                 .expect("the default parameters are valid for every model");
         }
-        st
+        Ok(st)
     }
 
     /// Starts a new stream in `slot` with `params`. The slot is then exactly

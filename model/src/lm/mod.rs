@@ -41,6 +41,8 @@ mod depformer;
 mod embeddings;
 mod gen;
 mod linear;
+/// The linear kernel, for the host probe ([`crate::probe`]).
+pub(crate) use linear::linear;
 mod sampling;
 mod setup;
 mod transformer;

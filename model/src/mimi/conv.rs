@@ -42,6 +42,19 @@ impl SlotBuf {
         }
     }
 
+    /// [`SlotBuf::new`] for the large buffers (KV rings): an error naming
+    /// `what` instead of an abort when the memory cannot be had.
+    pub(crate) fn try_new(
+        max_slots: usize,
+        per_slot: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<Self, crate::alloc::AllocError> {
+        Ok(SlotBuf {
+            per_slot,
+            data: crate::alloc::zeroed(max_slots * per_slot, what)?,
+        })
+    }
+
     pub(crate) fn get(&self, slot: usize) -> &[f32] {
         &self.data[slot * self.per_slot..(slot + 1) * self.per_slot]
     }

@@ -34,6 +34,9 @@ mod resample;
 mod seanet;
 mod transformer;
 
+/// Floats of one im2col chunk of the convolutions (bigger products are split).
+pub(crate) use conv::COL_CAP;
+
 use crate::config::MimiConfig;
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 use conv::{ConvState, ConvTrState, StreamingConv1d, StreamingConvTr1d};
@@ -152,8 +155,16 @@ impl Mimi {
         self.frame_samples
     }
 
-    /// A state for up to `max_slots` streams, every slot fresh.
+    /// A state for up to `max_slots` streams, every slot fresh. Panics when
+    /// the memory cannot be had: loaders use [`Mimi::try_new_state`].
     pub fn new_state(&self, max_slots: usize) -> MimiState {
+        self.try_new_state(max_slots)
+            .unwrap_or_else(|e| panic!("Mimi state for {max_slots} slots: {e}"))
+    }
+
+    /// [`Mimi::new_state`] with the transformers' KV rings (the part that
+    /// grows with the context) allocated fallibly.
+    pub fn try_new_state(&self, max_slots: usize) -> Result<MimiState, crate::alloc::AllocError> {
         let n = max_slots;
         let s = self.stride;
         let (ea, ec) = self.encoder.scratch_need(n, self.frame_samples);
@@ -167,20 +178,20 @@ impl Mimi {
             col = col.max(u.col_need(n, 1));
         }
         act = act.max(n * self.frame_samples);
-        MimiState {
+        Ok(MimiState {
             max_slots,
             encoder: self.encoder.new_state(n),
-            encoder_transformer: self.encoder_transformer.new_state(n),
+            encoder_transformer: self.encoder_transformer.try_new_state(n)?,
             downsample: self.downsample.as_ref().map(|d| d.new_state(n)),
             upsample: self.upsample.as_ref().map(|u| u.new_state(n)),
-            decoder_transformer: self.decoder_transformer.new_state(n),
+            decoder_transformer: self.decoder_transformer.try_new_state(n)?,
             decoder: self.decoder.new_state(n),
             bufs: Buffers::new(act, col.max(1)),
             tr_scratch: self.encoder_transformer.new_scratch(n * s),
             q_scratch: self.quantizer.new_scratch(n),
             slots: Vec::with_capacity(n),
             codes: vec![0; n * self.num_codebooks()],
-        }
+        })
     }
 
     /// Makes `slot` as good as new (encoder and decoder side).

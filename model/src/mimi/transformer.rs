@@ -157,21 +157,36 @@ impl MimiTransformer {
         Ok(())
     }
 
+    #[cfg(test)]
     pub(crate) fn new_state(&self, max_slots: usize) -> TransformerState {
+        self.try_new_state(max_slots)
+            .unwrap_or_else(|e| panic!("Mimi transformer state: {e}"))
+    }
+
+    /// [`Self::new_state`] with the KV rings allocated fallibly.
+    pub(crate) fn try_new_state(
+        &self,
+        max_slots: usize,
+    ) -> Result<TransformerState, crate::alloc::AllocError> {
         let per = self.context * self.d;
-        TransformerState {
+        let ring = || {
+            SlotBuf::try_new(max_slots, per, || {
+                format!("a Mimi transformer KV ring for {max_slots} slots")
+            })
+        };
+        Ok(TransformerState {
             k: self
                 .layers
                 .iter()
-                .map(|_| SlotBuf::new(max_slots, per))
-                .collect(),
+                .map(|_| ring())
+                .collect::<Result<_, _>>()?,
             v: self
                 .layers
                 .iter()
-                .map(|_| SlotBuf::new(max_slots, per))
-                .collect(),
+                .map(|_| ring())
+                .collect::<Result<_, _>>()?,
             offset: vec![0; max_slots],
-        }
+        })
     }
 
     pub(crate) fn reset(&self, st: &mut TransformerState, slot: usize) {
