@@ -217,6 +217,7 @@ pub fn run(
 ) -> Result<()> {
     let allowed = allowed_cpus();
     let placement = place(&config, &allowed)?;
+    crate::io::fd_limit::raise_and_log(&config);
     let max_slots = loaded.model.max_slots();
     let engine_shared = Arc::new(EngineShared::new(
         max_slots,
@@ -422,10 +423,7 @@ fn spawn_core(
                 .as_ref()
                 .map(|l| l.local_addr().unwrap_or(audiosocket_addr.expect("bound")));
             let ctx = CoreContext::new(core, port, engine);
-            let app = CoreApp {
-                ctx: ctx.clone(),
-                shared,
-            };
+            let app = CoreApp::new(ctx.clone(), shared);
             let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
             let mut audiosocket_acceptor = audiosocket.map(|l| {
                 glommio::spawn_local(crate::transport::audiosocket::accept_loop(l, app.clone()))

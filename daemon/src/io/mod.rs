@@ -3,5 +3,8 @@
 
 pub mod app;
 pub mod core;
+pub mod fd_limit;
 pub mod listener;
+pub mod log_gate;
 pub mod mailbox;
+pub mod pending;
