@@ -23,6 +23,7 @@
 //! [`ListenerCounters`] (exported by `/metrics`) and logged at most once per
 //! [`CONNECTION_LOG_PERIOD`].
 
+use super::accept_pace::AcceptPace;
 use super::app::CoreApp;
 use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
 use super::pending::{Pending, PendingEnd};
@@ -215,9 +216,14 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
         l.connections_per_ip(),
     );
     let core = app.ctx.core;
+    let pace = AcceptPace::default();
     loop {
         let stream = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                // A flood must not hold the rest of the core off.
+                pace.accepted().await;
+                s
+            }
             Err(e) => {
                 table.accept_failed(core, &e);
                 glommio::timer::sleep(Duration::from_millis(10)).await;
@@ -305,6 +311,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp, pending: Pending
     let head = match request {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
+            pending.complete();
             if !matches!(e, HttpError::ClosedBeforeHead { .. }) {
                 let _ = http::respond_error(&mut stream, &e).await;
             }
@@ -325,7 +332,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp, pending: Pending
         && head.is_websocket_upgrade();
     let mut pending = Some(pending);
     if !media_stream {
-        pending.take().expect("not taken yet").started();
+        pending.take().expect("not taken yet").complete();
     }
     if !is_public(&head) && !authorized(&app, &head) {
         let _ = http::write_error(&mut stream, 401, "missing or wrong bearer token").await;

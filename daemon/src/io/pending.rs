@@ -336,6 +336,14 @@ impl PendingBudget {
         )
     }
 
+    /// Connections that left the budget otherwise since start (request or
+    /// handshake over, well-formed or not, or the client closed).
+    pub fn completed(&self) -> u64 {
+        self.counters
+            .completed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Handshakes that timed out since start.
     pub fn timeouts(&self) -> u64 {
         self.counters
@@ -401,17 +409,14 @@ impl Pending {
         timeout: Duration,
         fut: F,
     ) -> Result<F::Output, PendingEnd> {
-        let result = self.within(timeout, fut).await;
-        if result.is_ok() {
-            self.started();
-        }
-        result
+        // Dropping `self` on the way out gives the place back.
+        self.within(timeout, fut).await
     }
 
     /// One step of a handshake of several (an HTTP upgrade request, then a
     /// protocol's first message): like [`handshake`](Self::handshake), but
     /// the connection stays pending afterwards; end with
-    /// [`started`](Self::started) or another step.
+    /// [`complete`](Self::complete) or another step.
     pub async fn within<F: Future>(
         &self,
         timeout: Duration,
@@ -424,6 +429,7 @@ impl Pending {
         match glommio::timer::timeout(timeout, async { Ok(raced.await) }).await {
             Ok(r) => r,
             Err(_) => {
+                self.release();
                 bump(&self.budget.counters.timed_out);
                 self.budget.maybe_log();
                 Err(PendingEnd::TimedOut)
@@ -431,22 +437,32 @@ impl Pending {
         }
     }
 
-    /// The handshake is complete: the connection leaves the budget.
-    pub fn started(self) {
-        bump(&self.budget.counters.completed);
-        // Dropping `self` gives the place back.
+    /// The handshake is over (well-formed or not: the caller answers it):
+    /// the connection leaves the budget. The same as dropping the ticket,
+    /// said where it happens.
+    pub fn complete(self) {}
+
+    /// Gives the place back if it is still ours; whether it was.
+    fn release(&self) -> bool {
+        let b = &self.budget;
+        let mut st = b.state.borrow_mut();
+        if st.entries[self.index as usize].generation != self.generation {
+            return false;
+        }
+        // Our own waker: nothing to wake.
+        drop(st.remove(self.index, b.track_ip()));
+        set(&b.counters.pending, st.len);
+        set(&b.counters.addresses, st.per_ip.len());
+        true
     }
 }
 
 impl Drop for Pending {
+    /// Not evicted, not timed out: the handshake is over one way or another
+    /// (complete, malformed, or the client left), counted as completed.
     fn drop(&mut self) {
-        let b = &self.budget;
-        let mut st = b.state.borrow_mut();
-        if st.entries[self.index as usize].generation == self.generation {
-            // Our own waker: nothing to wake.
-            drop(st.remove(self.index, b.track_ip()));
-            set(&b.counters.pending, st.len);
-            set(&b.counters.addresses, st.per_ip.len());
+        if self.release() {
+            bump(&self.budget.counters.completed);
         }
     }
 }
@@ -597,6 +613,10 @@ mod tests {
                 );
                 assert!(!newer.is_evicted());
                 assert_eq!(b.len(), 1);
+                drop(newer);
+                // Every connection that entered left one way.
+                let (core, address) = b.evicted();
+                assert_eq!((b.completed(), b.timeouts(), core, address), (2, 1, 1, 0));
             })
             .unwrap()
             .join()

@@ -101,7 +101,10 @@ pub struct PendingCounters {
     pub evicted_address: AtomicU64,
     /// Closed: the handshake did not complete within its deadline.
     pub timed_out: AtomicU64,
-    /// Handshakes that completed (the connection started).
+    /// Left the budget otherwise: their request or handshake was over,
+    /// well-formed or not, or the client closed first. Once no connection
+    /// is pending: `admitted` = `evicted_core` + `evicted_address` +
+    /// `timed_out` + `completed`.
     pub completed: AtomicU64,
 }
 
@@ -183,8 +186,8 @@ pub fn describe() {
         "Pending connections closed because their request or handshake did not complete in time"
     );
     describe_counter!(
-        "moshid_connections_started_total",
-        "Pending connections that completed their request or handshake"
+        "moshid_connections_completed_total",
+        "Pending connections that left the budget with their request or handshake over (well-formed or not) or closed by the client"
     );
 }
 
@@ -226,7 +229,7 @@ pub fn record(
         counter!("moshid_connections_pending_total", &labels).absolute(get(&p.admitted));
         counter!("moshid_connections_handshake_timeouts_total", &labels)
             .absolute(get(&p.timed_out));
-        counter!("moshid_connections_started_total", &labels).absolute(get(&p.completed));
+        counter!("moshid_connections_completed_total", &labels).absolute(get(&p.completed));
         for (budget, c) in [("core", &p.evicted_core), ("address", &p.evicted_address)] {
             let labels = [("core", core.clone()), ("budget", budget.to_string())];
             counter!("moshid_connections_evicted_total", &labels).absolute(get(c));

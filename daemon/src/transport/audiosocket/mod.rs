@@ -34,6 +34,7 @@ pub mod link;
 pub mod protocol;
 pub mod session;
 
+use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
 use crate::io::listener::ConnTable;
 use glommio::net::TcpListener;
@@ -71,9 +72,14 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let cfg = &app.shared.config.audiosocket;
     let table = ConnTable::register(&app, "audiosocket", cfg.max_connections_per_core, 0);
     let core = app.ctx.core;
+    let pace = AcceptPace::default();
     loop {
         let stream = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                // A flood must not hold the rest of the core off.
+                pace.accepted().await;
+                s
+            }
             Err(e) => {
                 table.accept_failed(core, &e);
                 glommio::timer::sleep(Duration::from_millis(10)).await;
