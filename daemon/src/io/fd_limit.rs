@@ -51,6 +51,7 @@ pub fn needed(config: &Config) -> u64 {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (capped at Linux's
 /// default `fs.nr_open`, 2^20, when the hard limit is unlimited).
+#[allow(clippy::unnecessary_cast)] // `rlim_t` is 32 bits on some targets
 pub fn raise(config: &Config) -> std::io::Result<FdLimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

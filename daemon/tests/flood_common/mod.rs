@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 /// Raises this process's soft `RLIMIT_NOFILE` to at least `needed` (the
 /// hard limit too when allowed, e.g. as root); returns the soft limit now.
+#[allow(clippy::unnecessary_cast)] // `rlim_t` is 32 bits on some targets
 pub fn raise_nofile(needed: u64) -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -93,12 +94,15 @@ pub fn run_queue_wait_ns(path: &PathBuf) -> u64 {
         .unwrap_or(0)
 }
 
+/// When, and each watched thread's run-queue wait so far (ns).
+type Sample = (Instant, Vec<u64>);
+
 /// Samples the run-queue wait of a fixed set of threads every few
 /// milliseconds, so that the wait of any of them over any interval of the
 /// run can be looked up afterwards.
 pub struct SchedWatch {
     names: Vec<String>,
-    samples: Arc<Mutex<Vec<(Instant, Vec<u64>)>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
