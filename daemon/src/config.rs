@@ -244,6 +244,11 @@ pub struct ListenConfig {
     /// Time allowed from accept to a complete request (head and body; for a
     /// WebSocket, its upgrade request), in milliseconds.
     pub head_timeout_ms: u64,
+    /// Connections the kernel queues for `accept` per listening socket
+    /// (this listener's and AudioSocket's, one per I/O core); Linux caps it
+    /// at `net.core.somaxconn`. A full queue drops new clients' SYNs, which
+    /// they retry only after a second.
+    pub backlog: u32,
 }
 
 /// `listen.max_connections_per_ip` when `null` and the listener is not on
@@ -297,6 +302,7 @@ impl Default for ListenConfig {
             max_head_bytes: 16 * 1024,
             max_body_bytes: 64 * 1024,
             head_timeout_ms: 3_000,
+            backlog: 4096,
         }
     }
 }
@@ -604,6 +610,9 @@ impl Config {
                     l.max_connections_per_core
                 ),
             ));
+        }
+        if !(1..=65_535).contains(&l.backlog) {
+            return Err(invalid("listen.backlog", "must be between 1 and 65535"));
         }
         if l.max_pending_per_core == 0 {
             return Err(invalid("listen.max_pending_per_core", "must be positive"));

@@ -396,7 +396,8 @@ fn spawn_core(
             // The first timer of an executor is slow (membarrier registration):
             // take that cost now, not in a session.
             glommio::timer::sleep(Duration::from_millis(1)).await;
-            let listener = match glommio::net::TcpListener::bind(addr) {
+            let backlog = shared.config.listen.backlog;
+            let listener = match crate::io::listener::bind(addr, backlog) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = bound.send(Err(format!(
@@ -409,7 +410,7 @@ fn spawn_core(
             // AudioSocket: one more SO_REUSEPORT listener per core.
             let audiosocket = match audiosocket_addr {
                 None => None,
-                Some(a) => match glommio::net::TcpListener::bind(a) {
+                Some(a) => match crate::io::listener::bind(a, backlog) {
                     Ok(l) => Some(l),
                     Err(e) => {
                         let _ = bound.send(Err(format!(

@@ -23,6 +23,14 @@
 //! timeout; `/metrics` counts every eviction and timeout, and at the end
 //! `admitted = evicted + timed out + completed` with nothing pending.
 //!
+//! Wall-clock bounds on a shared 2-core machine: each probe and answer is
+//! judged net of the run-queue waits of the threads involved — the
+//! client's own, and the daemon's I/O core (and engine, for answers) over
+//! the same interval, sampled every 4 ms from `/proc/…/schedstat` — so
+//! other work on the machine cannot fail the test, while anything the
+//! daemon makes a client wait for (a refusal, a full table, a timeout)
+//! still does. The raw figures are printed too.
+//!
 //! The test process holds 5,100 sockets at once: it raises its
 //! `RLIMIT_NOFILE` (to the hard limit, or above it as root) and fails,
 //! saying so, where that is not enough. The daemon holds at most the budget
@@ -167,11 +175,21 @@ fn assert_budget_kept(flood: &Flood, budget: usize, what: &str) -> usize {
         closed_after, 0,
         "{what}: {closed_after} connections newer than the oldest survivor were closed (not oldest first)"
     );
-    let answered = flood.conns[..first_open]
-        .iter()
-        .filter(|c| !c.received.is_empty())
-        .count();
-    assert_eq!(answered, 0, "{what}: evicted connections got an answer");
+    // Closed without an answer (evicted), or — on a machine slow enough
+    // that a wave took longer than the head timeout — with a 408 once the
+    // timeout had passed.
+    for c in &flood.conns[..first_open] {
+        if c.received.is_empty() {
+            continue;
+        }
+        let lived = c.closed.expect("closed") - c.opened;
+        assert!(
+            c.received.starts_with(b"HTTP/1.1 408") && lived + Duration::from_millis(50) >= HEAD_TIMEOUT,
+            "{what}: a connection from {} closed after {lived:?} with {:?}",
+            c.src,
+            String::from_utf8_lossy(&c.received)
+        );
+    }
     open.len()
 }
 

@@ -33,7 +33,7 @@ use crate::transport::ws_chat;
 use glommio::net::{TcpListener, TcpStream};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,6 +204,26 @@ impl Drop for ConnGuard {
             set(&t.counters.addresses, map.len());
         }
     }
+}
+
+/// A listening socket on `addr` for this executor: `SO_REUSEPORT` (every
+/// I/O core binds the same address; the kernel spreads connections) and an
+/// accept queue of `backlog` (glommio's own `bind` fixes it at 1024).
+pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    // SAFETY: the descriptor is a bound, listening TCP socket whose only
+    // owner was `socket`; `into_raw_fd` gives that ownership to the listener.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }
 
 /// Accepts connections until the task is cancelled.

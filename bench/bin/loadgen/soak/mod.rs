@@ -107,6 +107,10 @@ pub struct SoakArgs {
     /// Seconds to wait for the spawned daemon to listen.
     #[arg(long, default_value_t = 300.0)]
     spawn_timeout: f64,
+    /// Scheduling priority (nice) of the load generator, its autogroup and
+    /// a spawned daemon, as for the ramp (0: unchanged).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    nice: i32,
 }
 
 /// Entry point of `moshid-loadgen soak ARGS`.
@@ -148,6 +152,17 @@ fn plan(args: &SoakArgs, rng: &mut Rng, audio_frames: usize) -> Plan {
 }
 
 fn run(args: SoakArgs) -> Result<()> {
+    let autogroup = if args.nice != 0 {
+        crate::sys::favour_self(args.nice).context("--nice (needs CAP_SYS_NICE for < 0)")?
+    } else {
+        None
+    };
+    let result = soak(args);
+    crate::sys::restore_autogroup(autogroup);
+    result
+}
+
+fn soak(args: SoakArgs) -> Result<()> {
     let started = SystemTime::now();
     let machine = crate::sys::machine();
     if !(args.rate > 0.0 && args.minutes > 0.0) {
@@ -170,6 +185,9 @@ fn run(args: SoakArgs) -> Result<()> {
                 Duration::from_secs_f64(args.spawn_timeout),
             )?;
             eprintln!("daemon pid {} listening on {}", s.pid(), s.addr);
+            if args.nice != 0 {
+                crate::sys::favour_process(s.pid(), args.nice).context("--nice on the daemon")?;
+            }
             Some(s)
         }
         None => None,

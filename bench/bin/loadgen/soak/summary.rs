@@ -154,6 +154,8 @@ pub struct SoakReport {
     pub spawned: Option<String>,
     pub serve_args: Vec<String>,
     pub minutes_requested: f64,
+    /// `--nice` of the load generator, its autogroup and the daemon.
+    pub nice: i32,
     pub rate_per_s: f64,
     pub shares: (f64, f64, f64),
     pub context_frames: usize,
@@ -471,6 +473,7 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         spawned: args.spawn.clone(),
         serve_args: input.serve_args.clone(),
         minutes_requested: args.minutes,
+        nice: args.nice,
         rate_per_s: args.rate,
         shares: (args.short, args.long, args.abrupt),
         context_frames: args.context_frames,
