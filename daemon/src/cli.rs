@@ -165,6 +165,18 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         None => None,
     };
     let agent_addr = agent.as_ref().map(|a| a.local_addr());
+    // A certificate that cannot be used fails the start before the model
+    // loads (minutes for a large one); the runtime loads it again to serve.
+    if let Err(e) = crate::tls::ServerTls::from_config(&cfg.listen) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let tls = cfg.listen.tls_cert_file.is_some();
+    let (http, ws) = if tls {
+        ("https", "wss")
+    } else {
+        ("http", "ws")
+    };
     let loaded = match runtime::load_model(&cfg) {
         Ok(m) => {
             // Lanes and tables are sized from the slots the model really has
@@ -181,10 +193,13 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     let stopping_notifier = notifier.clone();
     let hooks = Hooks {
         on_ready: Some(Box::new(move |addr| {
-            println!("moshid listening on http://{addr}");
-            println!("  WebSocket chat:  ws://{addr}/api/chat");
-            println!("  health/capacity: http://{addr}/health  http://{addr}/capacity");
-            println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
+            println!("moshid listening on {http}://{addr}");
+            println!("  in a browser:    {http}://{addr}/");
+            println!("  WebSocket chat:  {ws}://{addr}/api/chat");
+            println!("  health/capacity: {http}://{addr}/health  {http}://{addr}/capacity");
+            if !tls {
+                println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
+            }
             if let Some(a) = agent_addr {
                 println!("  agent-check:     {a} (HAProxy agent-port)");
             }
@@ -216,6 +231,6 @@ pub fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Client(args) => crate::client::main_client(args),
-        Command::CheckCheckpoint { dir } => moshid_model::checkpoint::check_command(&dir),
+        Command::CheckCheckpoint { dir } => crate::check_checkpoint::main(&dir),
     }
 }

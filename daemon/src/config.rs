@@ -244,6 +244,15 @@ pub struct ListenConfig {
     /// Time allowed from accept to a complete request (head and body; for a
     /// WebSocket, its upgrade request), in milliseconds.
     pub head_timeout_ms: u64,
+    /// PEM certificate chain (leaf first): with `tls_key_file`, every
+    /// connection on `address` is TLS (`https://`, `wss://`). Reloaded on
+    /// SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
+    /// Time allowed for a TLS handshake, in milliseconds (counted before
+    /// `head_timeout_ms`).
+    pub tls_handshake_timeout_ms: u64,
     /// Connections the kernel queues for `accept` per listening socket
     /// (this listener's and AudioSocket's, one per I/O core); Linux caps it
     /// at `net.core.somaxconn`. A full queue drops new clients' SYNs, which
@@ -303,6 +312,9 @@ impl Default for ListenConfig {
             max_body_bytes: 64 * 1024,
             head_timeout_ms: 3_000,
             backlog: 4096,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_handshake_timeout_ms: 5_000,
         }
     }
 }
@@ -634,6 +646,27 @@ impl Config {
                 ));
             }
         }
+        match (&l.tls_cert_file, &l.tls_key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "listen.tls_key_file",
+                    "is required with `listen.tls_cert_file`",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "listen.tls_cert_file",
+                    "is required with `listen.tls_key_file`",
+                ))
+            }
+            _ => {}
+        }
+        if l.tls_handshake_timeout_ms == 0 {
+            return Err(invalid(
+                "listen.tls_handshake_timeout_ms",
+                "must be positive",
+            ));
+        }
         if !l.address.ip().is_loopback() && l.token.as_deref().is_none_or(str::is_empty) {
             return Err(invalid(
                 "listen.token",
@@ -865,6 +898,19 @@ mod tests {
         let e = parse(r#"{"listen": {"address": "0.0.0.0:8998"}}"#).unwrap_err();
         assert!(e.contains("listen.token"), "{e}");
         parse(r#"{"listen": {"address": "0.0.0.0:8998", "token": "s3cret"}}"#).unwrap();
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs() {
+        let e = parse(r#"{"listen": {"tls_cert_file": "/etc/moshid/cert.pem"}}"#).unwrap_err();
+        assert!(e.contains("listen.tls_key_file"), "{e}");
+        let e = parse(r#"{"listen": {"tls_key_file": "/etc/moshid/key.pem"}}"#).unwrap_err();
+        assert!(e.contains("listen.tls_cert_file"), "{e}");
+        let e = parse(r#"{"listen": {"tls_handshake_timeout_ms": 0}}"#).unwrap_err();
+        assert!(e.contains("listen.tls_handshake_timeout_ms"), "{e}");
+        let c =
+            parse(r#"{"listen": {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}}"#).unwrap();
+        assert_eq!(c.listen.tls_handshake_timeout_ms, 5_000);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
 pub mod agent;
 pub mod backend;
+pub mod check_checkpoint;
 pub mod cli;
 pub mod client;
 pub mod codec;
@@ -26,4 +27,6 @@ pub mod runtime;
 pub mod session;
 pub mod systemd;
 pub mod telephony;
+pub mod tls;
 pub mod transport;
+pub mod web;

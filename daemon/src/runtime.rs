@@ -109,6 +109,8 @@ pub struct LoadedModel {
     pub info: ModelInfo,
     /// Where it came from (for the log).
     pub description: String,
+    /// What `GET /v1/model` says of it.
+    pub about: crate::web::ModelDescription,
 }
 
 /// The default cache folder for the demo checkpoint.
@@ -151,6 +153,8 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         .unwrap_or_else(default_cache_dir);
     let built = crate::backend::build(config, &dir, &cache)?;
     eprintln!("<6>backend: {}", built.description);
+    let about =
+        crate::web::ModelDescription::new(&dir, demo, &built.description, built.model.max_slots());
     let model = built.model;
     let pieces = match &dir.tokenizer {
         Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
@@ -188,6 +192,7 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         pieces,
         info,
         description,
+        about,
     })
 }
 
@@ -218,6 +223,14 @@ pub fn run(
     let allowed = allowed_cpus();
     let placement = place(&config, &allowed)?;
     crate::io::fd_limit::raise_and_log(&config);
+    // TLS first: a bad certificate fails the start before any thread runs.
+    let tls = crate::tls::ServerTls::from_config(&config.listen)?;
+    if let Some(t) = &tls {
+        eprintln!("<6>tls: serving https:// and wss:// ({})", t.summary());
+    }
+    // SIGHUP reloads the certificate (and never terminates the daemon).
+    let _sighup =
+        crate::tls::SighupReloader::start(tls.clone()).context("installing the SIGHUP handler")?;
     let max_slots = loaded.model.max_slots();
     let engine_shared = Arc::new(EngineShared::new(
         max_slots,
@@ -271,7 +284,10 @@ pub fn run(
         })
         .context("starting the engine thread")?;
 
-    let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
+    let mut shared = Shared::new(config.clone(), loaded.pieces, loaded.info);
+    shared.model = loaded.about;
+    shared.tls = tls;
+    let shared = Arc::new(shared);
     let lifecycle = Arc::new(AtomicU8::new(RUNNING));
     if config.audiosocket.enabled {
         crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;

@@ -1,11 +1,18 @@
 // Rotary embedding, ring KV-cache writes and single-query attention
 // (CPU reference: model/src/lm/transformer.rs Stack::forward / attend and
-// model/src/mimi/transformer.rs; ops.rs rope_interleaved).
+// model/src/mimi/transformer.rs; ops.rs rope_interleaved / rope_halves).
 //
-// Layouts: `qkv` is the in-projection output, [rows][3·dim] f32 (q, k, v,
-// each heads × head_dim). A cache is one layer's keys (or values):
-// [cache rows][capacity][dim], element type KV (bf16, fp8 e4m3 or f32).
-// fp8 stores x / kv_scale and reads back · kv_scale.
+// Layouts: `qkv` is the in-projection output, [rows][dim + 2·kv_dim] f32:
+// q (heads × head_dim), then k and v (kv_heads × head_dim each; kv_heads =
+// heads / kv_repeat, kv_dim = kv_heads · head_dim, so kv_dim == dim without
+// grouped-query attention). A cache is one layer's keys (or values):
+// [cache rows][capacity][kv_dim], element type KV (bf16, fp8 e4m3 or f32).
+// fp8 stores x / kv_scale and reads back · kv_scale. Query head h reads
+// key/value head h / (dim / kv_dim), as the official expand_repeated_kv.
+//
+// RoPE pairs, within each head: (2j, 2j + 1) when `interleaved` (the
+// official `rope`), (j, j + head_dim/2) otherwise (`rope_concat`); pair j
+// turns by freqs[j] · pos in both layouts.
 //
 // Ring semantics, per row (RowInfo): the key of position p lives at ring
 // index p % capacity. A query at `pos` attends to the positions
@@ -25,60 +32,72 @@
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_MAX_HEAD_DIM 256
 
-// Geometry: grid = (rows), block = ROPE_THREADS; a thread per (q, k) pair of
-// elements and per value element, striding over the row. `freqs` has
-// head_dim/2 entries (computed on the host exactly as the reference), or is
-// null for no rotary embedding (the depformer). q is rotated in place in qkv.
+// Geometry: grid = (rows), block = ROPE_THREADS; a thread per rotary pair
+// (the dim/2 pairs of q, then the kv_dim/2 of k) and per value element,
+// striding over the row. `freqs` has head_dim/2 entries (computed on the
+// host exactly as the reference), or is null for no rotary embedding (the
+// depformer). q is rotated in place in qkv; k only on its way into the cache.
 template <typename KV>
 __device__ __forceinline__ void rope_kv_write(float* __restrict__ qkv, const float* __restrict__ freqs,
                                               const RowInfo* __restrict__ rows, KV* __restrict__ k_cache,
-                                              KV* __restrict__ v_cache, int dim, int head_dim, int capacity,
-                                              float inv_kv_scale) {
+                                              KV* __restrict__ v_cache, int dim, int kv_dim, int head_dim,
+                                              int capacity, int interleaved, float inv_kv_scale) {
     const int r = blockIdx.x;
     const RowInfo ri = rows[r];
     if (!ri.active) return;
-    float* q = qkv + (size_t)r * 3 * dim;
-    float* k = q + dim;
-    const float* v = q + 2 * dim;
-    const size_t base = ((size_t)ri.kv * capacity + (size_t)(ri.pos % capacity)) * dim;
+    float* q = qkv + (size_t)r * (dim + 2 * kv_dim);
+    const float* k = q + dim;
+    const float* v = k + kv_dim;
+    const size_t base = ((size_t)ri.kv * capacity + (size_t)(ri.pos % capacity)) * kv_dim;
     const float pos = (float)ri.pos;
     const int half = head_dim / 2;
-    for (int p = threadIdx.x; p < dim / 2; p += ROPE_THREADS) {
-        const int i = 2 * p;
-        float q0 = q[i], q1 = q[i + 1], k0 = k[i], k1 = k[i + 1];
+    const int q_pairs = dim / 2, pairs = q_pairs + kv_dim / 2;
+    for (int p = threadIdx.x; p < pairs; p += ROPE_THREADS) {
+        const bool is_q = p < q_pairs;
+        const int pp = is_q ? p : p - q_pairs;
+        const int j = pp % half;
+        const int i0 = (pp / half) * head_dim + (interleaved ? 2 * j : j);
+        const int i1 = i0 + (interleaved ? 1 : half);
+        const float* src = is_q ? q : k;
+        float a = src[i0], b = src[i1];
         if (freqs != nullptr) {
             float s, c;
-            sincosf(freqs[p % half] * pos, &s, &c);
-            const float qr = q0 * c - q1 * s, qi = q0 * s + q1 * c;
-            const float kr = k0 * c - k1 * s, ki = k0 * s + k1 * c;
-            q0 = qr; q1 = qi; k0 = kr; k1 = ki;
-            q[i] = q0;
-            q[i + 1] = q1;
+            sincosf(freqs[j] * pos, &s, &c);
+            const float ar = a * c - b * s, br = a * s + b * c;
+            a = ar;
+            b = br;
         }
-        store(k_cache + base + i, k0 * inv_kv_scale);
-        store(k_cache + base + i + 1, k1 * inv_kv_scale);
-        store(v_cache + base + i, v[i] * inv_kv_scale);
-        store(v_cache + base + i + 1, v[i + 1] * inv_kv_scale);
+        if (is_q) {
+            q[i0] = a;
+            q[i1] = b;
+        } else {
+            store(k_cache + base + i0, a * inv_kv_scale);
+            store(k_cache + base + i1, b * inv_kv_scale);
+        }
     }
+    for (int e = threadIdx.x; e < kv_dim; e += ROPE_THREADS) store(v_cache + base + e, v[e] * inv_kv_scale);
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_bf16(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
-                   bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int dim, int head_dim, int capacity) {
-    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f);
+                   bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int dim, int kv_dim, int head_dim,
+                   int capacity, int interleaved) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, kv_dim, head_dim, capacity, interleaved, 1.f);
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_fp8(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
-                  __nv_fp8_e4m3* __restrict__ k_cache, __nv_fp8_e4m3* __restrict__ v_cache, int dim, int head_dim,
-                  int capacity, float kv_scale) {
-    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f / kv_scale);
+                  __nv_fp8_e4m3* __restrict__ k_cache, __nv_fp8_e4m3* __restrict__ v_cache, int dim, int kv_dim,
+                  int head_dim, int capacity, int interleaved, float kv_scale) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, kv_dim, head_dim, capacity, interleaved,
+                  1.f / kv_scale);
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_f32(float* __restrict__ qkv, const float* __restrict__ freqs, const RowInfo* __restrict__ rows,
-                  float* __restrict__ k_cache, float* __restrict__ v_cache, int dim, int head_dim, int capacity) {
-    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, head_dim, capacity, 1.f);
+                  float* __restrict__ k_cache, float* __restrict__ v_cache, int dim, int kv_dim, int head_dim,
+                  int capacity, int interleaved) {
+    rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, kv_dim, head_dim, capacity, interleaved, 1.f);
 }
 
 // Two adjacent values of a cache row as f32. `p` is at an even element of a
@@ -115,8 +134,8 @@ __device__ __forceinline__ void load_pair(const __nv_fp8_e4m3* p, float& a, floa
 template <typename KV, typename OUT>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
                                             const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
-                                            int dim, int head_dim, int capacity, int context, float scale,
-                                            float kv_scale, OUT* __restrict__ out) {
+                                            int dim, int kv_dim, int head_dim, int capacity, int context,
+                                            float scale, float kv_scale, OUT* __restrict__ out) {
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_HEAD_DIM];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     const int h = blockIdx.x, r = blockIdx.y;
@@ -127,7 +146,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
         for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) store(o + e, 0.f);
         return;
     }
-    const float* q = qkv + (size_t)r * 3 * dim + (size_t)h * head_dim;
+    const float* q = qkv + (size_t)r * (dim + 2 * kv_dim) + (size_t)h * head_dim;
     int start = ri.pos + 1 - context;
     start = max(start, ri.last + 1 - capacity);
     start = max(start, 0);
@@ -141,14 +160,15 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
         acc[2 * j] = 0.f;
         acc[2 * j + 1] = 0.f;
     }
-    const size_t row0 = (size_t)ri.kv * capacity, head0 = (size_t)h * head_dim;
+    // The key/value head of query head h (kv_repeat = dim / kv_dim).
+    const size_t row0 = (size_t)ri.kv * capacity, head0 = (size_t)(h / (dim / kv_dim)) * head_dim;
     float m = NEG_INF, l = 0.f;
     for (int p0 = start + w; p0 <= ri.pos; p0 += 2 * ATT_WARPS) {
         // The second key of the pair, or the first again with weight 0.
         const bool two = p0 + ATT_WARPS <= ri.pos;
         const int p1 = two ? p0 + ATT_WARPS : p0;
-        const size_t b0 = (row0 + (size_t)(p0 % capacity)) * dim + head0;
-        const size_t b1 = (row0 + (size_t)(p1 % capacity)) * dim + head0;
+        const size_t b0 = (row0 + (size_t)(p0 % capacity)) * kv_dim + head0;
+        const size_t b1 = (row0 + (size_t)(p1 % capacity)) * kv_dim + head0;
         float d0 = 0.f, d1 = 0.f;
 #pragma unroll
         for (int j = 0; j < ATT_PAIRS; ++j) {
@@ -219,33 +239,33 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const
 // LM, bf16 cache, bf16 output (feeds the out-projection GEMM).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_bf16(const float* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                 const RowInfo* __restrict__ rows, int dim, int head_dim, int capacity, int context, float scale,
-                 bf16* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+                 const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
+                 float scale, bf16* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
 }
 
 // LM, fp8 e4m3 cache (values stored / kv_scale), bf16 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_fp8(const float* __restrict__ qkv, const __nv_fp8_e4m3* __restrict__ k_cache,
-                const __nv_fp8_e4m3* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int head_dim,
-                int capacity, int context, float scale, float kv_scale, bf16* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, kv_scale, out);
+                const __nv_fp8_e4m3* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
+                int head_dim, int capacity, int context, float scale, float kv_scale, bf16* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, kv_scale, out);
 }
 
 // Mimi, f32 cache, f32 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_f32(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                const RowInfo* __restrict__ rows, int dim, int head_dim, int capacity, int context, float scale,
-                float* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+                const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
+                float scale, float* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
 }
 
 // Mimi, bf16 cache, f32 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
-                        const bf16* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int head_dim,
-                        int capacity, int context, float scale, float* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, head_dim, capacity, context, scale, 1.f, out);
+                        const bf16* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
+                        int head_dim, int capacity, int context, float scale, float* __restrict__ out) {
+    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
 }
 
 // The transformer rows of a call with t steps per slot-step (Mimi: t =

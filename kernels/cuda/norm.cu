@@ -41,17 +41,18 @@ rms_norm_f32(const float* __restrict__ x, const float* __restrict__ alpha, float
     rms_norm_row(x, alpha, eps, dim, rows, y);
 }
 
-// y[r] = layer_norm(x[r]) · w + b (Mimi's transformers), all f32. Two passes
-// over the row (mean, then centred squares), as the reference.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-layer_norm_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-               float eps, int dim, const RowInfo* __restrict__ rows, float* __restrict__ y) {
+// y[r] = layer_norm(x[r]) · w + b. Two passes over the row (mean, then
+// centred squares), as the reference.
+template <typename OUT>
+__device__ __forceinline__ void layer_norm_row(const float* __restrict__ x, const float* __restrict__ w,
+                                               const float* __restrict__ b, float eps, int dim,
+                                               const RowInfo* __restrict__ rows, OUT* __restrict__ y) {
     __shared__ float red[NORM_THREADS / 32];
     const int r = blockIdx.x;
     const float* xr = x + (size_t)r * dim;
-    float* yr = y + (size_t)r * dim;
+    OUT* yr = y + (size_t)r * dim;
     if (rows != nullptr && !rows[r].active) {
-        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) yr[i] = 0.f;
+        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) store(yr + i, 0.f);
         return;
     }
     float s = 0.f;
@@ -63,5 +64,20 @@ layer_norm_f32(const float* __restrict__ x, const float* __restrict__ w, const f
         v += c * c;
     }
     const float inv = 1.f / sqrtf(block_sum<NORM_THREADS>(v, red) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) store(yr + i, (xr[i] - mean) * inv * w[i] + b[i]);
+}
+
+// LayerNorm, all f32 (Mimi's transformers; the LM's depformer heads in f32 mode).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+layer_norm_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+               float eps, int dim, const RowInfo* __restrict__ rows, float* __restrict__ y) {
+    layer_norm_row(x, w, b, eps, dim, rows, y);
+}
+
+// LayerNorm with a bf16 output (the depformer's head norms, feeding the
+// heads' bf16 GEMMs).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+layer_norm_bf16(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                float eps, int dim, const RowInfo* __restrict__ rows, bf16* __restrict__ y) {
+    layer_norm_row(x, w, b, eps, dim, rows, y);
 }

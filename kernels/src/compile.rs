@@ -51,7 +51,12 @@ pub const MODULES: &[KernelModule] = &[
         name: "norm",
         file: "norm.cu",
         source: include_str!("../cuda/norm.cu"),
-        kernels: &["rms_norm_bf16", "rms_norm_f32", "layer_norm_f32"],
+        kernels: &[
+            "rms_norm_bf16",
+            "rms_norm_f32",
+            "layer_norm_f32",
+            "layer_norm_bf16",
+        ],
     },
     KernelModule {
         name: "attention",

@@ -1,8 +1,9 @@
 //! `GpuMimi` on the emulator device against the official implementation's
 //! golden fixtures and the CPU reference.
 //!
-//! For every fixture folder (`MOSHID_GOLDEN` = colon-separated folders; by
-//! default every folder under `shared/golden` with a `mimi_config.json`):
+//! For every fixture folder (every folder under `shared/golden` with a
+//! `mimi_config.json`, `shared/golden-next/hibiki-zero-tiny`, and the
+//! colon-separated folders of `MOSHID_GOLDEN`):
 //! - the streaming encode of `pcm_in`, frame by frame, the 3 streams in one
 //!   batch, gives `mimi_codes` exactly; the streaming decode of `mimi_codes`
 //!   gives `mimi_pcm_out` within a relative error of 1e-4 (and stays as close

@@ -182,47 +182,21 @@ impl CheckpointDir {
     }
 }
 
+/// Opens `dir` and checks it from the headers ([`CheckpointDir::open`] then
+/// [`CheckpointDir::check`]).
+pub fn open_and_check(dir: &Path) -> Result<(CheckpointDir, CheckReport), DirError> {
+    let d = CheckpointDir::open(dir)?;
+    let r = d.check()?;
+    Ok((d, r))
+}
+
 /// The `check-checkpoint` command: prints the report, or the reason and a
 /// failure exit code.
 pub fn check_command(dir: &Path) -> std::process::ExitCode {
     let started = std::time::Instant::now();
-    let result = CheckpointDir::open(dir).and_then(|d| d.check().map(|r| (d, r)));
-    match result {
+    match open_and_check(dir) {
         Ok((d, r)) => {
-            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-            println!("checkpoint {}: OK", dir.display());
-            println!("  model type        {:?}", r.model_type);
-            println!(
-                "  LM weights        {} ({} parameters)",
-                d.lm_weights.display(),
-                r.lm_params
-            );
-            println!(
-                "  Mimi weights      {} ({} parameters)",
-                d.mimi_weights.display(),
-                r.mimi_params
-            );
-            println!(
-                "  LM                dim {}, {} layers, {} heads, context {}, {} generated + {} user codebooks",
-                d.lm.dim,
-                d.lm.num_layers,
-                d.lm.num_heads,
-                d.lm.context,
-                d.lm.dep_q,
-                d.lm.num_user_codebooks()
-            );
-            println!(
-                "  KV cache          {:.3} GiB per stream at full context (bf16)",
-                gib(r.kv_bytes_per_stream_bf16)
-            );
-            match r.tokenizer_pieces {
-                Some(n) => println!("  tokenizer         {n} pieces"),
-                None => println!("  tokenizer         none (text is not printed)"),
-            }
-            println!(
-                "  checked in        {:.1} ms",
-                started.elapsed().as_secs_f64() * 1000.0
-            );
+            print_report(&d, &r, started.elapsed());
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
@@ -230,6 +204,50 @@ pub fn check_command(dir: &Path) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Prints what [`CheckpointDir::check`] found, and how long it took.
+pub fn print_report(d: &CheckpointDir, r: &CheckReport, elapsed: std::time::Duration) {
+    let lm = &d.lm;
+    println!("checkpoint {}: OK", d.dir.display());
+    println!("  model type        {:?}", r.model_type);
+    println!(
+        "  LM weights        {} ({} parameters)",
+        d.lm_weights.display(),
+        r.lm_params
+    );
+    println!(
+        "  Mimi weights      {} ({} parameters)",
+        d.mimi_weights.display(),
+        r.mimi_params
+    );
+    let kv_heads = lm.num_heads / lm.kv_repeat;
+    let heads = if kv_heads == lm.num_heads {
+        format!("{} heads", lm.num_heads)
+    } else {
+        format!("{} heads ({kv_heads} key/value)", lm.num_heads)
+    };
+    println!(
+        "  LM                dim {}, {} layers, {heads}, context {}, {} generated + {} user codebooks",
+        lm.dim,
+        lm.num_layers,
+        lm.context,
+        lm.dep_q,
+        lm.num_user_codebooks()
+    );
+    println!(
+        "  KV cache          {:.1} MB ({:.3} GiB) per stream at full context (bf16)",
+        r.kv_bytes_per_stream_bf16 as f64 / 1e6,
+        r.kv_bytes_per_stream_bf16 as f64 / (1u64 << 30) as f64
+    );
+    match r.tokenizer_pieces {
+        Some(n) => println!("  tokenizer         {n} pieces"),
+        None => println!("  tokenizer         none (text is not printed)"),
+    }
+    println!(
+        "  checked in        {:.1} ms",
+        elapsed.as_secs_f64() * 1000.0
+    );
 }
 
 #[cfg(test)]

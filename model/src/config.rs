@@ -6,6 +6,9 @@
 //! exactly). A key we do not know, or a value we would have to guess the
 //! meaning of, is refused with an error that names the key. Keys that only
 //! name files or carry generation defaults are kept or ignored, never refused.
+//! An absent key means what it means to the official code (moshi 0.2.13):
+//! the `LMModel` / `StreamingTransformer` default, and for a `depformer_*`
+//! transformer key the temporal key it inherits (see [`LmConfig::from_json`]).
 
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -70,6 +73,8 @@ pub enum NormKind {
     RmsNorm,
     /// LayerNorm with eps 1e-5, affine (weight and bias).
     LayerNorm,
+    /// LayerNorm with eps 1e-8 computed in float32 (`LayerNormF32`), affine.
+    LayerNormF32,
 }
 
 impl NormKind {
@@ -78,6 +83,7 @@ impl NormKind {
             "rms_norm_f32" => NormKind::RmsNormF32,
             "rms_norm" => NormKind::RmsNorm,
             "layer_norm" => NormKind::LayerNorm,
+            "layer_norm_f32" => NormKind::LayerNormF32,
             other => return Err(bad(key, format!("unsupported norm `{other}`"))),
         })
     }
@@ -85,9 +91,15 @@ impl NormKind {
     /// The epsilon the official implementation uses for this norm.
     pub fn eps(self) -> f32 {
         match self {
-            NormKind::RmsNormF32 => 1e-8,
+            NormKind::RmsNormF32 | NormKind::LayerNormF32 => 1e-8,
             NormKind::RmsNorm | NormKind::LayerNorm => 1e-5,
         }
+    }
+
+    /// Whether the norm is a LayerNorm (weight and bias) rather than an
+    /// RMSNorm (`alpha`).
+    pub fn is_layer_norm(self) -> bool {
+        matches!(self, NormKind::LayerNorm | NormKind::LayerNormF32)
     }
 }
 
@@ -109,11 +121,14 @@ impl Gating {
         })
     }
 
-    /// Hidden width of the feed-forward block for a configured `dim_feedforward`.
-    /// Gated blocks use two thirds of it (the official `ActivationGating`).
-    pub fn hidden_dim(self, dim_feedforward: usize) -> usize {
+    /// Hidden width of the feed-forward block of a layer of width `dim` for a
+    /// configured `dim_feedforward`. Gated blocks follow the official
+    /// `ActivationGating`: `21 · dim / 8` when `dim_feedforward` is exactly
+    /// `4 · dim`, two thirds of it otherwise.
+    pub fn hidden_dim(self, dim: usize, dim_feedforward: usize) -> usize {
         match self {
             Gating::None => dim_feedforward,
+            Gating::Silu if dim_feedforward == 4 * dim => 21 * dim / 8,
             Gating::Silu => 2 * dim_feedforward / 3,
         }
     }
@@ -124,8 +139,11 @@ impl Gating {
 pub enum PosEmb {
     /// No positional information.
     None,
-    /// Rotary embedding over interleaved pairs.
+    /// Rotary embedding over interleaved pairs (`[r0, i0, r1, i1, …]`).
     Rope,
+    /// Rotary embedding over the two halves of each head (`[r…, i…]`, the
+    /// official `rope_concat`, `RotaryEmbedding(interleave=False)`).
+    RopeConcat,
 }
 
 impl PosEmb {
@@ -133,6 +151,7 @@ impl PosEmb {
         Ok(match v {
             "none" => PosEmb::None,
             "rope" => PosEmb::Rope,
+            "rope_concat" => PosEmb::RopeConcat,
             other => {
                 return Err(bad(
                     key,
@@ -141,6 +160,31 @@ impl PosEmb {
             }
         })
     }
+
+    /// The rotary embedding this encoding applies with `period`, if any.
+    pub fn rope(self, period: f32) -> Option<Rope> {
+        match self {
+            PosEmb::None => None,
+            PosEmb::Rope => Some(Rope {
+                period,
+                interleaved: true,
+            }),
+            PosEmb::RopeConcat => Some(Rope {
+                period,
+                interleaved: false,
+            }),
+        }
+    }
+}
+
+/// A rotary positional embedding as a transformer stack applies it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    /// `max_period` of the rotation frequencies.
+    pub period: f32,
+    /// Pairs `(2i, 2i + 1)` of each head (`rope`), or `(i, i + head_dim/2)`
+    /// (`rope_concat`).
+    pub interleaved: bool,
 }
 
 /// The depformer: the small transformer that predicts codebooks one by one.
@@ -148,17 +192,21 @@ impl PosEmb {
 pub struct DepformerConfig {
     /// Model width.
     pub dim: usize,
-    /// Configured feed-forward width (before the 2/3 of gating).
+    /// Configured feed-forward width (before the 2/3 of gating); the
+    /// official default `int(hidden_scale · depformer_dim)` when the config
+    /// gives none (or `null`).
     pub dim_feedforward: usize,
     /// Attention heads.
     pub num_heads: usize,
+    /// Query heads per key/value head (`depformer_kv_repeat`, which
+    /// inherits the temporal `kv_repeat` when absent, as every un-prefixed
+    /// transformer key does in the official `LMModel`).
+    pub kv_repeat: usize,
     /// Layers.
     pub num_layers: usize,
     /// One input projection per codebook step.
     pub multi_linear: bool,
-    /// Attention context in steps.
-    pub context: usize,
-    /// RoPE period (only used with `pos_emb == Rope`).
+    /// RoPE period (only used with a rotary `pos_emb`).
     pub max_period: f32,
     /// Feed-forward kind.
     pub gating: Gating,
@@ -170,6 +218,8 @@ pub struct DepformerConfig {
     pub weights_per_step_schedule: Option<Vec<usize>>,
     /// Rank of the factorised depformer embeddings, when used.
     pub low_rank_embeddings: Option<usize>,
+    /// The norm before each output head (`depformer_norms.{k}`), if any.
+    pub norm: Option<NormKind>,
 }
 
 impl DepformerConfig {
@@ -254,6 +304,9 @@ pub struct LmConfig {
     pub card: usize,
     /// Attention heads.
     pub num_heads: usize,
+    /// Query heads per key/value head (grouped-query attention: the
+    /// temporal transformer keeps `num_heads / kv_repeat` key/value heads).
+    pub kv_repeat: usize,
     /// Layers.
     pub num_layers: usize,
     /// Feed-forward width as a multiple of `dim` (before the 2/3 of gating).
@@ -262,6 +315,8 @@ pub struct LmConfig {
     pub context: usize,
     /// RoPE period.
     pub max_period: f32,
+    /// The temporal transformer's rotary embedding (`rope` or `rope_concat`).
+    pub pos_emb: PosEmb,
     /// Norm kind.
     pub norm: NormKind,
     /// Feed-forward kind.
@@ -486,18 +541,24 @@ impl LmConfig {
         let card = r.usize("card")?;
         let num_heads = r.usize("num_heads")?;
         let num_layers = r.usize("num_layers")?;
+        // Defaults are the official `LMModel` / `StreamingTransformer` ones.
         let hidden_scale = r.opt_f64("hidden_scale")?.unwrap_or(4.0);
         let context = r.usize("context")?;
-        let max_period = r.opt_f64("max_period")?.unwrap_or(10_000.0) as f32;
+        let max_period = r.opt_f64("max_period")?.unwrap_or(10_000.0);
         let norm = NormKind::parse("norm", &r.str_or("norm", "layer_norm")?)?;
-        let gating = Gating::parse("gating", &r.str_or("gating", "none")?)?;
-        let pos = PosEmb::parse(
+        let gating_name = r.str_or("gating", "none")?;
+        let gating = Gating::parse("gating", &gating_name)?;
+        let pos_emb = PosEmb::parse(
             "positional_embedding",
             &r.str_or("positional_embedding", "sin")?,
         )?;
-        if pos != PosEmb::Rope {
-            return Err(bad("positional_embedding", "the LM must use `rope`"));
+        if pos_emb.rope(0.0).is_none() {
+            return Err(bad(
+                "positional_embedding",
+                "the LM must use `rope` or `rope_concat`",
+            ));
         }
+        let kv_repeat = r.opt_usize("kv_repeat")?.unwrap_or(1);
         let delays = r
             .usize_list("delays")?
             .ok_or_else(|| ConfigError::MissingKey("delays".into()))?;
@@ -516,33 +577,64 @@ impl LmConfig {
         r.expect("extra_heads_num_heads", is_zero, "0")?;
         r.skip("extra_heads_dim");
         r.expect("existing_text_end_padding_id", is_zero, "0")?;
-        r.expect("depformer_norm", |_| false, "null")?;
         r.expect("cross_attention", is_false, "false")?;
+        r.expect("quantize", is_false, "false")?;
         r.expect("lora", is_false, "false")?;
         r.skip("lora_rank");
         r.skip("lora_scaling");
         r.skip("depformer_causal");
-        r.expect("kv_repeat", |v| v.as_u64() == Some(1), "1")?;
         r.expect("bias_ff", is_false, "false")?;
         r.expect("bias_attn", is_false, "false")?;
 
+        // The depformer: the official `LMModel` passes it every un-prefixed
+        // transformer key of the config (`num_layers`, `max_period`,
+        // `gating`, `kv_repeat`, …), each overridden by its `depformer_`
+        // twin; `num_heads`, `hidden_scale` and `norm` are `LMModel`'s own
+        // arguments (the depformer gets `norm`, a feed-forward width of
+        // `hidden_scale · depformer_dim` unless `depformer_dim_feedforward`
+        // says otherwise, and no `num_heads` but `depformer_num_heads`). Its
+        // positional embedding is always `depformer_pos_emb` (default `sin`)
+        // and its context always unlimited (`depformer_context` is ignored:
+        // the cache holds the frame's `dep_q` steps).
+        let depformer_dim = r.usize("depformer_dim")?;
+        let dim_feedforward = match r.get("depformer_dim_feedforward") {
+            None => (hidden_scale * depformer_dim as f64) as usize,
+            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                bad(
+                    "depformer_dim_feedforward",
+                    "expected a non-negative integer or null (a per-step list is not supported)",
+                )
+            })?,
+        };
+        let num_layers_dep = r.opt_usize("depformer_num_layers")?.unwrap_or(num_layers);
+        let dep_gating = Gating::parse(
+            "depformer_gating",
+            &r.str_or("depformer_gating", &gating_name)?,
+        )?;
         let depformer = DepformerConfig {
-            dim: r.usize("depformer_dim")?,
-            dim_feedforward: match r.opt_usize("depformer_dim_feedforward")? {
-                Some(x) => x,
-                None => return Err(ConfigError::MissingKey("depformer_dim_feedforward".into())),
-            },
+            dim: depformer_dim,
+            dim_feedforward,
             num_heads: r.usize("depformer_num_heads")?,
-            num_layers: r.usize("depformer_num_layers")?,
+            kv_repeat: r.opt_usize("depformer_kv_repeat")?.unwrap_or(kv_repeat),
+            num_layers: num_layers_dep,
             multi_linear: r.bool_or("depformer_multi_linear", false)?,
-            context: r.opt_usize("depformer_context")?.unwrap_or(dep_q),
-            max_period: r.opt_f64("depformer_max_period")?.unwrap_or(10_000.0) as f32,
-            gating: Gating::parse("depformer_gating", &r.str_or("depformer_gating", "none")?)?,
+            max_period: r.opt_f64("depformer_max_period")?.unwrap_or(max_period) as f32,
+            gating: dep_gating,
             pos_emb: PosEmb::parse("depformer_pos_emb", &r.str_or("depformer_pos_emb", "sin")?)?,
             weights_per_step: r.bool_or("depformer_weights_per_step", false)?,
             weights_per_step_schedule: r.usize_list("depformer_weights_per_step_schedule")?,
             low_rank_embeddings: r.opt_usize("depformer_low_rank_embeddings")?,
+            norm: match r.get("depformer_norm") {
+                None => None,
+                Some(v) => Some(NormKind::parse(
+                    "depformer_norm",
+                    v.as_str()
+                        .ok_or_else(|| bad("depformer_norm", "expected a string or null"))?,
+                )?),
+            },
         };
+        r.skip("depformer_context");
+        let max_period = max_period as f32;
 
         let mut conditioners = Vec::new();
         if let Some(c) = r.get("conditioners") {
@@ -582,10 +674,12 @@ impl LmConfig {
             dep_q,
             card,
             num_heads,
+            kv_repeat,
             num_layers,
             hidden_scale,
             context,
             max_period,
+            pos_emb,
             norm,
             gating,
             delays,
@@ -610,7 +704,8 @@ impl LmConfig {
             ("context", self.context),
             ("depformer_dim", self.depformer.dim),
             ("depformer_num_heads", self.depformer.num_heads),
-            ("depformer_context", self.depformer.context),
+            ("kv_repeat", self.kv_repeat),
+            ("depformer_kv_repeat", self.depformer.kv_repeat),
         ];
         for (k, v) in nonzero {
             if v == 0 {
@@ -623,10 +718,37 @@ impl LmConfig {
         if !(self.dim / self.num_heads).is_multiple_of(2) {
             return Err(bad("num_heads", "head dimension must be even for RoPE"));
         }
+        if !self.num_heads.is_multiple_of(self.kv_repeat) {
+            return Err(bad(
+                "kv_repeat",
+                format!("must divide num_heads {}", self.num_heads),
+            ));
+        }
         if !self.depformer.dim.is_multiple_of(self.depformer.num_heads) {
             return Err(bad(
                 "depformer_num_heads",
                 format!("must divide depformer_dim {}", self.depformer.dim),
+            ));
+        }
+        if !self
+            .depformer
+            .num_heads
+            .is_multiple_of(self.depformer.kv_repeat)
+        {
+            return Err(bad(
+                "depformer_kv_repeat",
+                format!(
+                    "must divide depformer_num_heads {} (when absent it is kv_repeat)",
+                    self.depformer.num_heads
+                ),
+            ));
+        }
+        if self.depformer.pos_emb != PosEmb::None
+            && !(self.depformer.dim / self.depformer.num_heads).is_multiple_of(2)
+        {
+            return Err(bad(
+                "depformer_num_heads",
+                "head dimension must be even for RoPE",
             ));
         }
         if self.dep_q > self.n_q {
@@ -721,20 +843,27 @@ impl LmConfig {
     /// Feed-forward hidden width of the temporal transformer.
     pub fn ffn_hidden(&self) -> usize {
         self.gating
-            .hidden_dim((self.hidden_scale * self.dim as f64) as usize)
+            .hidden_dim(self.dim, (self.hidden_scale * self.dim as f64) as usize)
     }
 
     /// Feed-forward hidden width of the depformer.
     pub fn depformer_ffn_hidden(&self) -> usize {
         self.depformer
             .gating
-            .hidden_dim(self.depformer.dim_feedforward)
+            .hidden_dim(self.depformer.dim, self.depformer.dim_feedforward)
+    }
+
+    /// Width of the temporal transformer's keys (and values) per position:
+    /// `num_heads / kv_repeat` heads of `dim / num_heads`.
+    pub fn kv_dim(&self) -> usize {
+        self.dim / self.kv_repeat
     }
 
     /// Bytes of KV cache per stream for the temporal transformer at full
-    /// context, with `bytes_per_value` per stored number (2 for bf16).
+    /// context, with `bytes_per_value` per stored number (2 for bf16): keys
+    /// and values of `kv_dim` for each layer and position.
     pub fn kv_bytes_per_stream(&self, bytes_per_value: usize) -> usize {
-        2 * self.num_layers * self.context * self.dim * bytes_per_value
+        2 * self.num_layers * self.context * self.kv_dim() * bytes_per_value
     }
 
     /// Whether classifier-free guidance has something to condition on.
@@ -742,7 +871,10 @@ impl LmConfig {
         !self.conditioners.is_empty()
     }
 
-    /// The built-in Moshi 7B configuration (moshiko / moshika ship no config.json).
+    /// The built-in Moshi 7B configuration (moshiko / moshika ship no
+    /// config.json): the official loader's `_lm_kwargs` (moshi 0.2.13,
+    /// `moshi/models/loaders.py`), key for key, its depformer feed-forward
+    /// `int(4.125 · 1024)` written out.
     pub fn moshi_7b() -> Self {
         let v = serde_json::json!({
             "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
@@ -1169,6 +1301,104 @@ mod tests {
         let mut v: Value = serde_json::from_str(&text).unwrap();
         v["depformer_weights_per_step_schedule"] = serde_json::json!([0, 1, 2]);
         assert!(err_of(v).contains("depformer_weights_per_step_schedule"));
+    }
+
+    fn golden_next(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/golden-next")
+            .join(name)
+    }
+
+    fn zero_json() -> Value {
+        let p = golden_next("hibiki-zero-tiny/lm_config.json");
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn hibiki_zero_keys_parse_with_the_official_semantics() {
+        let c = LmConfig::from_json(&zero_json()).unwrap();
+        assert_eq!((c.kv_repeat, c.kv_dim()), (2, 32));
+        assert_eq!(c.pos_emb, PosEmb::RopeConcat);
+        assert_eq!(c.depformer.kv_repeat, 1);
+        assert_eq!(c.depformer.norm, Some(NormKind::LayerNorm));
+        // depformer_dim_feedforward null: hidden_scale 6 · depformer_dim 32.
+        assert_eq!(c.depformer.dim_feedforward, 192);
+        assert_eq!((c.ffn_hidden(), c.depformer_ffn_hidden()), (256, 128));
+        // The depformer's positional embedding is its own key, never the
+        // temporal one (the official code overrides it).
+        assert_eq!(c.depformer.pos_emb, PosEmb::None);
+        assert_eq!(c.depformer.pos_emb.rope(1.0), None);
+        assert!(c.pos_emb.rope(1.0).is_some_and(|r| !r.interleaved));
+    }
+
+    #[test]
+    fn depformer_keys_inherit_the_temporal_ones() {
+        // As the official LMModel: an absent `depformer_X` takes `X`.
+        let mut v = zero_json();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "depformer_kv_repeat",
+            "depformer_num_layers",
+            "depformer_max_period",
+            "depformer_gating",
+            "depformer_context",
+        ] {
+            o.remove(k);
+        }
+        o.insert("num_layers".into(), 3.into());
+        let c = LmConfig::from_json(&v).unwrap();
+        assert_eq!(c.depformer.kv_repeat, 2);
+        assert_eq!(c.depformer.num_layers, 3);
+        assert_eq!(c.depformer.max_period, 20_000.0);
+        assert_eq!(c.depformer.gating, Gating::Silu);
+        // The official defaults where neither is given.
+        let mut v = zero_json();
+        let o = v.as_object_mut().unwrap();
+        o.remove("hidden_scale");
+        o.remove("kv_repeat");
+        o.remove("depformer_kv_repeat");
+        let c = LmConfig::from_json(&v).unwrap();
+        assert_eq!(
+            (c.hidden_scale, c.kv_repeat, c.depformer.kv_repeat),
+            (4.0, 1, 1)
+        );
+        // hidden_scale 4: exactly 4 · dim, the gating's 21 · dim / 8 rule.
+        assert_eq!((c.ffn_hidden(), c.depformer_ffn_hidden()), (168, 84));
+    }
+
+    #[test]
+    fn grouped_query_and_norm_values_are_checked_naming_the_key() {
+        let cases: [(&str, Value, &str); 7] = [
+            ("kv_repeat", 3.into(), "kv_repeat"),
+            ("kv_repeat", 0.into(), "kv_repeat"),
+            ("depformer_kv_repeat", 4.into(), "depformer_kv_repeat"),
+            ("depformer_norm", "batch_norm".into(), "depformer_norm"),
+            ("depformer_norm", 1.into(), "depformer_norm"),
+            ("positional_embedding", "sin".into(), "positional_embedding"),
+            (
+                "depformer_dim_feedforward",
+                serde_json::json!([128, 128]),
+                "depformer_dim_feedforward",
+            ),
+        ];
+        for (key, value, named) in cases {
+            let mut v = zero_json();
+            v[key] = value.clone();
+            let e = err_of(v);
+            assert!(e.contains(&format!("`{named}`")), "{key} = {value}: {e}");
+        }
+        // Every norm the official create_norm_fn knows is a depformer_norm.
+        for n in ["layer_norm", "layer_norm_f32", "rms_norm", "rms_norm_f32"] {
+            let mut v = zero_json();
+            v["depformer_norm"] = n.into();
+            assert!(
+                LmConfig::from_json(&v).unwrap().depformer.norm.is_some(),
+                "{n}"
+            );
+        }
+        let mut v = zero_json();
+        v["depformer_norm"] = Value::Null;
+        assert_eq!(LmConfig::from_json(&v).unwrap().depformer.norm, None);
     }
 
     #[test]

@@ -145,6 +145,20 @@ pub fn rope_interleaved(v: &mut [f32], freqs: &[f32], pos: f32) {
     }
 }
 
+/// Applies RoPE in place to one head vector at position `pos`, with the real
+/// parts in the first half and the imaginary parts in the second
+/// (`[r0, r1, …, i0, i1, …]`, the official `rope_concat`).
+pub fn rope_halves(v: &mut [f32], freqs: &[f32], pos: f32) {
+    let (re, im) = v.split_at_mut(v.len() / 2);
+    for ((r, i), f) in re.iter_mut().zip(im.iter_mut()).zip(freqs) {
+        let angle = f * pos;
+        let (s, c) = angle.sin_cos();
+        let (x, y) = (*r, *i);
+        *r = x * c - y * s;
+        *i = x * s + y * c;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +192,23 @@ mod tests {
         // Position 0 is the identity.
         let mut w = [0.3, -0.7, 1.1, 2.0];
         rope_interleaved(&mut w, &f, 0.0);
+        assert_eq!(w, [0.3, -0.7, 1.1, 2.0]);
+    }
+
+    #[test]
+    fn rope_halves_pairs_element_i_with_i_plus_half() {
+        let mut f = [0.0; 2];
+        rope_freqs(4, 10_000.0, &mut f);
+        // The halves layout of the interleaved vector [1, 0, 0, 1] is
+        // [1, 0, 0, 1] reordered as (r0, r1, i0, i1) = (1, 0, 0, 1).
+        let mut a = [1.0, 0.0, 0.0, 1.0];
+        let mut b = [1.0, 0.0, 0.0, 1.0];
+        rope_interleaved(&mut a, &f, 1.0);
+        rope_halves(&mut b, &f, 1.0);
+        // Same rotations, other positions: a = (r0', i0', r1', i1').
+        assert_eq!([b[0], b[2], b[1], b[3]], a);
+        let mut w = [0.3, -0.7, 1.1, 2.0];
+        rope_halves(&mut w, &f, 0.0);
         assert_eq!(w, [0.3, -0.7, 1.1, 2.0]);
     }
 

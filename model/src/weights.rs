@@ -3,11 +3,14 @@
 //!
 //! Two naming schemes exist for attention projections and both load: the
 //! published checkpoints stack every step's projection into one tensor
-//! (`…self_attn.in_proj_weight` `[n·3·d, d]`, `…self_attn.out_proj.weight`
+//! (`…self_attn.in_proj_weight` `[n·r, d]`, `…self_attn.out_proj.weight`
 //! `[n·d, d]`), the current official code saves them split
 //! (`…self_attn.in_projs.{i}.weight`, `…self_attn.out_projs.{i}.weight`). The
 //! reader presents the split names whatever the file holds, so model code asks
-//! for one scheme only.
+//! for one scheme only. A stacked tensor is cut when a part is asked for, by
+//! the shape asked (as the official loader's `weight.view(mult, -1, d)` cuts
+//! it by the module's step count): the rows of one step (`r = 3·d`, or
+//! `d + 2·kv_dim` with grouped-query attention) cannot be told from the file.
 //!
 //! Invariants: a tensor is handed out at most once ([`Weights::take`]); a
 //! missing tensor, a wrong shape or an unsupported dtype is an error naming the
@@ -86,6 +89,22 @@ pub enum CheckpointError {
         /// Its shape.
         shape: Vec<usize>,
     },
+    /// A per-step projection that its stacked tensor does not hold.
+    #[error(
+        "{path}: tensor `{name}` of shape {expected:?} cannot be cut from stacked `{stacked}` of shape {found:?}"
+    )]
+    StackPart {
+        /// The file.
+        path: PathBuf,
+        /// The split-scheme name asked for.
+        name: String,
+        /// The stacked tensor in the file.
+        stacked: String,
+        /// Its shape.
+        found: Vec<usize>,
+        /// The shape of one step the configuration implies.
+        expected: Vec<usize>,
+    },
 }
 
 /// The name and shape of one tensor a configuration requires.
@@ -122,11 +141,31 @@ struct Entry {
     byte_start: usize,
 }
 
+/// A stacked attention tensor of the file, cut into steps on demand.
+#[derive(Debug, Clone)]
+struct Stacked {
+    /// Its name in the file.
+    name: String,
+    dtype: Dtype,
+    /// `[steps · rows per step, cols]`.
+    shape: Vec<usize>,
+    byte_start: usize,
+}
+
 /// A mapped safetensors file, indexed by split-scheme names.
 pub struct Checkpoint {
     path: PathBuf,
     mmap: Mmap,
     entries: BTreeMap<String, Entry>,
+    /// Stacked tensors by split-scheme prefix (`….self_attn.in_projs`).
+    stacks: BTreeMap<String, Stacked>,
+}
+
+/// `(prefix, i)` of a split-scheme per-step name `{prefix}.{i}.weight`.
+fn split_part(name: &str) -> Option<(&str, usize)> {
+    let rest = name.strip_suffix(".weight")?;
+    let (prefix, i) = rest.rsplit_once('.')?;
+    Some((prefix, i.parse().ok()?))
 }
 
 const IN_STACKED: &str = ".self_attn.in_proj_weight";
@@ -153,49 +192,43 @@ impl Checkpoint {
             why: e.to_string(),
         })?;
         let mut entries = BTreeMap::new();
+        let mut stacks = BTreeMap::new();
         for (name, view) in st.tensors() {
             let shape = view.shape().to_vec();
             let dtype = view.dtype();
-            let data_start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
-            let elem_bytes = if dtype == Dtype::F32 { 4 } else { 2 };
-            let stack = if let Some(head) = name.strip_suffix(IN_STACKED) {
-                Some((format!("{head}.self_attn.in_projs"), 3))
+            let byte_start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
+            let prefix = if let Some(head) = name.strip_suffix(IN_STACKED) {
+                Some(format!("{head}.self_attn.in_projs"))
             } else {
                 name.strip_suffix(OUT_STACKED)
-                    .map(|head| (format!("{head}.self_attn.out_projs"), 1))
+                    .map(|head| format!("{head}.self_attn.out_projs"))
             };
-            match stack {
-                Some((prefix, factor)) => {
-                    let bad = || CheckpointError::BadStack {
-                        path: path.to_path_buf(),
-                        name: name.clone(),
-                        shape: shape.clone(),
-                    };
-                    if shape.len() != 2 || shape[1] == 0 {
-                        return Err(bad());
+            match prefix {
+                Some(prefix) => {
+                    if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
+                        return Err(CheckpointError::BadStack {
+                            path: path.to_path_buf(),
+                            name,
+                            shape,
+                        });
                     }
-                    let rows = factor * shape[1];
-                    if shape[0] % rows != 0 {
-                        return Err(bad());
-                    }
-                    for i in 0..shape[0] / rows {
-                        entries.insert(
-                            format!("{prefix}.{i}.weight"),
-                            Entry {
-                                dtype,
-                                shape: vec![rows, shape[1]],
-                                byte_start: data_start + i * rows * shape[1] * elem_bytes,
-                            },
-                        );
-                    }
+                    stacks.insert(
+                        prefix,
+                        Stacked {
+                            name,
+                            dtype,
+                            shape,
+                            byte_start,
+                        },
+                    );
                 }
                 None => {
                     entries.insert(
-                        name.clone(),
+                        name,
                         Entry {
                             dtype,
                             shape,
-                            byte_start: data_start,
+                            byte_start,
                         },
                     );
                 }
@@ -205,6 +238,7 @@ impl Checkpoint {
             path: path.to_path_buf(),
             mmap,
             entries,
+            stacks,
         })
     }
 
@@ -213,46 +247,73 @@ impl Checkpoint {
         &self.path
     }
 
-    /// Split-scheme names and shapes of every tensor in the file.
+    /// Names and shapes of every tensor in the file: split-scheme names,
+    /// and stacked attention tensors under their own names (they are cut
+    /// only by the shape a configuration asks for).
     pub fn tensors(&self) -> impl Iterator<Item = (&str, &[usize])> {
         self.entries
             .iter()
             .map(|(k, e)| (k.as_str(), e.shape.as_slice()))
+            .chain(
+                self.stacks
+                    .values()
+                    .map(|s| (s.name.as_str(), s.shape.as_slice())),
+            )
+    }
+
+    /// The first tensor of the file that `used` (split-scheme names) does not
+    /// account for: a plain tensor not named, or a part of a stacked tensor
+    /// whose step was not named (the whole stack when none was).
+    fn first_unused(&self, used: &HashMap<&str, &[usize]>) -> Option<String> {
+        if let Some(name) = self.entries.keys().find(|k| !used.contains_key(k.as_str())) {
+            return Some(name.clone());
+        }
+        for (prefix, st) in &self.stacks {
+            // The rows of one step, from any part that was used.
+            let rows = used.iter().find_map(|(n, shape)| {
+                split_part(n)
+                    .filter(|(p, _)| p == prefix)
+                    .and_then(|_| shape.first().copied())
+            });
+            let Some(rows) = rows.filter(|&r| r > 0) else {
+                return Some(st.name.clone());
+            };
+            for i in 0..st.shape[0] / rows {
+                let part = format!("{prefix}.{i}.weight");
+                if !used.contains_key(part.as_str()) {
+                    return Some(part);
+                }
+            }
+        }
+        None
     }
 
     /// Checks names, shapes and dtypes against what a configuration needs,
     /// without reading tensor data. Returns the number of parameters.
     pub fn validate(&self, specs: &[TensorSpec]) -> Result<usize, CheckpointError> {
-        let mut wanted: HashMap<&str, &TensorSpec> = HashMap::new();
-        for s in specs {
-            wanted.insert(s.name.as_str(), s);
-        }
+        let mut wanted: HashMap<&str, &[usize]> = HashMap::new();
         let mut params = 0;
         for s in specs {
             let e = self.entry(&s.name, &s.shape)?;
             params += e.shape.iter().product::<usize>();
+            wanted.insert(s.name.as_str(), s.shape.as_slice());
         }
-        if let Some(name) = self
-            .entries
-            .keys()
-            .find(|k| !wanted.contains_key(k.as_str()))
-        {
-            return Err(CheckpointError::Extra {
+        match self.first_unused(&wanted) {
+            Some(name) => Err(CheckpointError::Extra {
                 path: self.path.clone(),
-                name: name.clone(),
-            });
+                name,
+            }),
+            None => Ok(params),
         }
-        Ok(params)
     }
 
-    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry, CheckpointError> {
-        let e = self
-            .entries
-            .get(name)
-            .ok_or_else(|| CheckpointError::Missing {
-                path: self.path.clone(),
-                name: name.to_string(),
-            })?;
+    /// The stored tensor `name` of `shape`: a plain entry, or step `i` of
+    /// a stacked tensor cut into parts of `shape`.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<Entry, CheckpointError> {
+        let e = match self.entries.get(name) {
+            Some(e) => e.clone(),
+            None => self.stack_part(name, shape)?,
+        };
         if e.shape != shape {
             return Err(CheckpointError::Shape {
                 path: self.path.clone(),
@@ -269,6 +330,38 @@ impl Checkpoint {
             });
         }
         Ok(e)
+    }
+
+    /// Step `i` of the stacked tensor holding `{prefix}.{i}.weight`, cut in
+    /// parts of `shape` (`[rows, cols]`).
+    fn stack_part(&self, name: &str, shape: &[usize]) -> Result<Entry, CheckpointError> {
+        let missing = || CheckpointError::Missing {
+            path: self.path.clone(),
+            name: name.to_string(),
+        };
+        let (prefix, i) = split_part(name).ok_or_else(missing)?;
+        let st = self.stacks.get(prefix).ok_or_else(missing)?;
+        let (rows, cols) = (st.shape[0], st.shape[1]);
+        let fits = shape.len() == 2
+            && shape[0] > 0
+            && shape[1] == cols
+            && rows.is_multiple_of(shape[0])
+            && i < rows / shape[0];
+        if !fits {
+            return Err(CheckpointError::StackPart {
+                path: self.path.clone(),
+                name: name.to_string(),
+                stacked: st.name.clone(),
+                found: st.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        let elem_bytes = if st.dtype == Dtype::F32 { 4 } else { 2 };
+        Ok(Entry {
+            dtype: st.dtype,
+            shape: shape.to_vec(),
+            byte_start: st.byte_start + i * shape[0] * cols * elem_bytes,
+        })
     }
 
     /// One tensor's stored bytes, in the mapped file (no copy, no
@@ -364,7 +457,8 @@ impl RawTensor<'_> {
 /// Tensors of one checkpoint handed out by name, each once.
 pub struct Weights {
     ckpt: Checkpoint,
-    taken: Vec<String>,
+    /// Names and shapes handed out.
+    taken: Vec<(String, Vec<usize>)>,
 }
 
 impl Weights {
@@ -381,15 +475,18 @@ impl Weights {
         &self.ckpt
     }
 
-    /// Whether the file holds a tensor of that (split-scheme) name.
+    /// Whether the file holds a tensor of that (split-scheme) name: a plain
+    /// tensor, or a per-step name whose stacked tensor exists (whether that
+    /// step exists depends on the shape asked for, see [`Weights::take`]).
     pub fn contains(&self, name: &str) -> bool {
         self.ckpt.entries.contains_key(name)
+            || split_part(name).is_some_and(|(p, _)| self.ckpt.stacks.contains_key(p))
     }
 
     /// Takes a tensor of the given shape, as float32 in row-major order.
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
         let v = self.ckpt.read_f32(name, shape)?;
-        self.taken.push(name.to_string());
+        self.taken.push((name.to_string(), shape.to_vec()));
         Ok(v)
     }
 
@@ -401,23 +498,21 @@ impl Weights {
         shape: &[usize],
     ) -> Result<RawTensor<'_>, CheckpointError> {
         self.ckpt.entry(name, shape)?;
-        self.taken.push(name.to_string());
+        self.taken.push((name.to_string(), shape.to_vec()));
         self.ckpt.raw(name, shape)
     }
 
     /// Ends loading: every tensor in the file must have been taken.
     pub fn finish(self) -> Result<(), CheckpointError> {
-        let taken: std::collections::HashSet<&str> =
-            self.taken.iter().map(String::as_str).collect();
-        match self
-            .ckpt
-            .entries
-            .keys()
-            .find(|k| !taken.contains(k.as_str()))
-        {
+        let taken: HashMap<&str, &[usize]> = self
+            .taken
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
+            .collect();
+        match self.ckpt.first_unused(&taken) {
             Some(name) => Err(CheckpointError::Extra {
                 path: self.ckpt.path.clone(),
-                name: name.clone(),
+                name,
             }),
             None => Ok(()),
         }
@@ -482,9 +577,66 @@ mod tests {
             .take("l.self_attn.out_projs.0.weight", &[3, 2])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("out_projs.0") && e.contains("[2, 2]"), "{e}");
+        assert!(
+            e.contains("out_projs.0") && e.contains("out_proj.weight") && e.contains("[4, 2]"),
+            "{e}"
+        );
         let e = w.finish().unwrap_err().to_string();
         assert!(e.contains("out_projs.0"), "{e}");
+    }
+
+    #[test]
+    fn stacked_projections_are_cut_by_the_shape_asked() {
+        // Grouped-query attention, width 4, one key/value head of 2: a step's
+        // in-projection has 4 + 2·2 = 8 rows, which the file cannot tell
+        // from 3·4 = 12. Three steps: [24, 4] — also a multiple of 12.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.safetensors");
+        let inp: Vec<f32> = (0..96).map(|x| x as f32).collect();
+        write(
+            &p,
+            &[(
+                "l.self_attn.in_proj_weight",
+                Dtype::F32,
+                vec![24, 4],
+                f32_bytes(&inp),
+            )],
+        );
+        let ck = Checkpoint::open(&p).unwrap();
+        let specs: Vec<TensorSpec> = (0..3)
+            .map(|i| TensorSpec::new(format!("l.self_attn.in_projs.{i}.weight"), &[8, 4]))
+            .collect();
+        assert_eq!(ck.validate(&specs).unwrap(), 96);
+        // Two steps of 8 rows leave the third unexplained, named.
+        let e = ck.validate(&specs[..2]).unwrap_err().to_string();
+        assert!(
+            e.contains("unexpected tensor `l.self_attn.in_projs.2.weight`"),
+            "{e}"
+        );
+        // A step beyond the stack, or rows that do not divide it, are refused.
+        let e = ck
+            .validate(&[TensorSpec::new("l.self_attn.in_projs.3.weight", &[8, 4])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("in_projs.3") && e.contains("[24, 4]"), "{e}");
+        let e = ck
+            .validate(&[TensorSpec::new("l.self_attn.in_projs.0.weight", &[7, 4])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot be cut"), "{e}");
+        let mut w = Weights::open(&p).unwrap();
+        assert_eq!(
+            w.take("l.self_attn.in_projs.2.weight", &[8, 4]).unwrap(),
+            inp[64..].to_vec()
+        );
+        assert!(w.contains("l.self_attn.in_projs.0.weight"));
+        // Nothing asked of the stack: the stacked tensor itself is named.
+        let e = Checkpoint::open(&p)
+            .unwrap()
+            .validate(&[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`l.self_attn.in_proj_weight`"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The `golden` target: every fixture folder (`MOSHID_GOLDEN`, colon-separated,
-//! or every folder of `../shared/golden`) against the official
+//! The `golden` target: every fixture folder (every folder of
+//! `../shared/golden`, `../shared/golden-next/hibiki-zero-tiny`, and the
+//! folders of `MOSHID_GOLDEN`, colon-separated) against the official
 //! implementation's numbers — Mimi codes exact and audio within 1e-4
 //! relative error (`mimi::`), LM tokens exact, text logits within 1e-4 and
 //! slot reuse exact (`lm::`) — and the whole CPU step allocation-free

@@ -3,25 +3,55 @@
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
-/// The folders named in `MOSHID_GOLDEN` (colon-separated), or else every
-/// folder of `../shared/golden` holding `marker`. Panics when there is none:
-/// a golden run over no fixture would prove nothing.
+/// Fixture folders outside `../shared/golden` that every golden target runs
+/// too: `../shared/golden-next` holds fixtures of features an issue adds,
+/// and these are the ones this code implements.
+pub const GOLDEN_NEXT: &[&str] = &["hibiki-zero-tiny"];
+
+/// Every folder of `../shared/golden` holding `marker`, the [`GOLDEN_NEXT`]
+/// folders of `../shared/golden-next`, and the folders named in
+/// `MOSHID_GOLDEN` (colon-separated), each once, in that order. Panics
+/// when there is none (a golden run over no fixture would prove nothing)
+/// and when `MOSHID_GOLDEN` names a folder without `marker`.
 pub fn fixture_dirs(marker: &str) -> Vec<PathBuf> {
+    let shared = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared"));
+    let root = shared.join("golden");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.extend(
+        GOLDEN_NEXT
+            .iter()
+            .map(|n| shared.join("golden-next").join(n)),
+    );
+    dirs.retain(|d| d.join(marker).is_file());
     if let Ok(v) = std::env::var("MOSHID_GOLDEN") {
-        let dirs: Vec<PathBuf> = v
+        let named: Vec<PathBuf> = v
             .split(':')
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
             .collect();
-        assert!(!dirs.is_empty(), "MOSHID_GOLDEN is set but names no folder");
-        return dirs;
+        assert!(
+            !named.is_empty(),
+            "MOSHID_GOLDEN is set but names no folder"
+        );
+        for d in named {
+            assert!(
+                d.join(marker).is_file(),
+                "MOSHID_GOLDEN names {}, which holds no {marker}",
+                d.display()
+            );
+            dirs.push(d);
+        }
     }
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden"));
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.join(marker).is_file());
-    dirs.sort();
+    let mut seen = Vec::new();
+    dirs.retain(|d| {
+        let key = d.canonicalize().unwrap_or_else(|_| d.clone());
+        let fresh = !seen.contains(&key);
+        seen.push(key);
+        fresh
+    });
     assert!(
         !dirs.is_empty(),
         "no fixture folder with {marker} under {}: put the golden fixtures there or set MOSHID_GOLDEN",

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,91 @@ pub struct Daemon {
     pub addr: SocketAddr,
     stderr_path: PathBuf,
     dir: tempfile::TempDir,
+    /// For a daemon with built-in TLS: how the helpers' requests trust it.
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// A client socket to the daemon, plain or TLS.
+pub enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl ClientStream {
+    /// The TCP socket underneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            ClientStream::Plain(s) => s,
+            ClientStream::Tls(s) => s.get_ref(),
+        }
+    }
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            ClientStream::Plain(s) => s.read(buf),
+            ClientStream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for ClientStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            ClientStream::Plain(s) => s.write(buf),
+            ClientStream::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.flush(),
+            ClientStream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A TLS client configuration that trusts exactly `root` (ring provider,
+/// as the daemon uses).
+pub fn tls_client(root: &rustls::pki_types::CertificateDer<'static>) -> Arc<rustls::ClientConfig> {
+    let mut store = rustls::RootCertStore::empty();
+    store
+        .add(root.clone())
+        .expect("adding a test root certificate");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// Opens a TCP connection to `addr` with the helpers' timeouts and, with
+/// `tls`, completes a handshake for the name `localhost`.
+pub fn open_stream(
+    addr: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> std::io::Result<ClientStream> {
+    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    let Some(config) = tls else {
+        return Ok(ClientStream::Plain(s));
+    };
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("a valid name");
+    let conn = rustls::ClientConnection::new(config.clone(), name)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut stream = rustls::StreamOwned::new(conn, s);
+    // Complete the handshake now, so that a refused certificate is an error here.
+    while stream.conn.is_handshaking() {
+        stream
+            .conn
+            .complete_io(&mut stream.sock)
+            .map_err(|e| std::io::Error::other(format!("TLS handshake: {e}")))?;
+    }
+    Ok(ClientStream::Tls(Box::new(stream)))
 }
 
 impl Daemon {
@@ -67,6 +152,24 @@ impl Daemon {
     /// `--config` when given; returns once the daemon prints that it listens
     /// and `/ready` answers 200.
     pub fn start(extra_args: &[&str], config_json: Option<&str>) -> Daemon {
+        Self::start_inner(extra_args, config_json, None)
+    }
+
+    /// [`Daemon::start`] for a daemon with built-in TLS (the config names
+    /// its certificate): the helpers' requests trust `tls`.
+    pub fn start_tls(
+        extra_args: &[&str],
+        config_json: &str,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Daemon {
+        Self::start_inner(extra_args, Some(config_json), Some(tls))
+    }
+
+    fn start_inner(
+        extra_args: &[&str],
+        config_json: Option<&str>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Daemon {
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
         let dir = tempfile::Builder::new()
             .prefix("moshid-e2e-")
@@ -93,11 +196,13 @@ impl Daemon {
         let _serialized = START_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let mut child = cmd.spawn().expect("spawning moshid serve");
         let stdout = child.stdout.take().expect("piped stdout");
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut daemon = Daemon {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             stderr_path,
             dir,
+            tls,
         };
 
         // A thread reads stdout to its end (so the daemon never blocks on a
@@ -110,12 +215,12 @@ impl Daemon {
             }
         });
         let deadline = Instant::now() + READY_TIMEOUT;
-        let prefix = "moshid listening on http://";
+        let prefix = format!("moshid listening on {scheme}://");
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(addr) = line.trim().strip_prefix(prefix) {
+                    if let Some(addr) = line.trim().strip_prefix(prefix.as_str()) {
                         daemon.addr = addr.parse().unwrap_or_else(|e| {
                             panic!("bad address in {line:?}: {e}")
                         });
@@ -175,14 +280,47 @@ impl Daemon {
         self.dir.path()
     }
 
+    /// `http://ADDR/PATH`, or `https://ADDR/PATH` for a TLS daemon.
+    pub fn url(&self, path: &str) -> String {
+        match self.tls {
+            None => format!("http://{}{path}", self.addr),
+            Some(_) => format!("https://{}{path}", self.addr),
+        }
+    }
+
+    /// A connection to the daemon (TLS for a TLS daemon).
+    pub fn open(&self) -> ClientStream {
+        open_stream(self.addr, self.tls.as_ref()).unwrap_or_else(|e| {
+            panic!(
+                "connecting to the daemon: {e}; stderr:\n{}",
+                self.stderr_tail()
+            )
+        })
+    }
+
     /// One `GET` request: `(status, body)`.
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT).expect("HTTP connect");
-        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        self.http_get_with(path, &[])
+    }
+
+    /// One `GET` request with extra header lines (`"Name: value"`).
+    pub fn http_get_with(&self, path: &str, headers: &[&str]) -> (u16, String) {
+        let (status, _, body) = self.http_request("GET", path, headers);
+        (status, body)
+    }
+
+    /// One request: `(status, head, body)`.
+    pub fn http_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[&str],
+    ) -> (u16, String, String) {
+        let mut s = self.open();
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{extra}\r\n",
             self.addr
         )
         .expect("HTTP request");
@@ -205,7 +343,7 @@ impl Daemon {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("GET {path}: bad status line in {head:?}"));
-        (status, body.to_string())
+        (status, head.to_string(), body.to_string())
     }
 
     /// `GET path`, which must answer 200 with JSON.
@@ -262,6 +400,37 @@ impl Daemon {
             assert!(
                 Instant::now() < deadline,
                 "timed out waiting for {what}; stderr:\n{}",
+                self.stderr_tail()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the daemon a signal (`"HUP"`, `"TERM"`, …).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits until the daemon's stderr contains `needle`; returns the log.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.stderr();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not log {needle:?} within {timeout:?}; stderr:\n{}",
                 self.stderr_tail()
             );
             thread::sleep(Duration::from_millis(20));

@@ -26,6 +26,10 @@ pub struct Shared {
     next_session_id: AtomicU64,
     /// Live RTP sessions (the control API reaches them from any core).
     pub rtp: crate::transport::rtp::Registry,
+    /// The loaded model, described (`GET /v1/model`).
+    pub model: crate::web::ModelDescription,
+    /// The listener's TLS, when `listen.tls_cert_file` is set.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl Shared {
@@ -37,6 +41,8 @@ impl Shared {
             model_info,
             next_session_id: AtomicU64::new(1),
             rtp: crate::transport::rtp::Registry::default(),
+            model: crate::web::ModelDescription::default(),
+            tls: None,
         }
     }
 

@@ -10,27 +10,31 @@
 //! IP address on each core (`listen.max_connections_per_ip`, counted per
 //! core: a client may hold that many on every core) with a table that never
 //! holds more entries than there are open connections. Until its request is
-//! complete (head and body; a Media Streams WebSocket until its `start`
-//! event) a connection is pending in the core's
+//! complete — the TLS handshake when the listener serves TLS (bounded by
+//! `listen.tls_handshake_timeout_ms`, run in the connection's task, not in
+//! the accept loop), then the head and body (a Media Streams WebSocket
+//! until its `start` event) — a connection is pending in the core's
 //! [`PendingBudget`](super::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
-//! `listen.head_timeout_ms`; after that it is never evicted. Control
-//! endpoints other than `/health` and `/ready` need the bearer token when
-//! one is configured, compared in constant time. `GET /metrics` serves
-//! Prometheus text; `POST /admin/metrics` with `{"enabled": true|false}`
-//! switches the stage metrics at run time (unless `metrics.runtime_switch`
-//! is false). Refusals and accept errors are counted in
-//! [`ListenerCounters`] (exported by `/metrics`) and logged at most once per
-//! [`CONNECTION_LOG_PERIOD`].
+//! `listen.head_timeout_ms`; after that it is never evicted. Endpoints
+//! other than `/health`, `/ready` and the page need the bearer token when
+//! one is configured (WebSocket upgrades may carry it as the `auth_id`
+//! query parameter, as browsers cannot set headers), compared in constant
+//! time and never logged. `GET /metrics` serves Prometheus text; `POST
+//! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
+//! at run time (unless `metrics.runtime_switch` is false). Refusals and
+//! accept errors are counted in [`ListenerCounters`] (exported by
+//! `/metrics`) and logged at most once per [`CONNECTION_LOG_PERIOD`].
 
 use super::accept_pace::AcceptPace;
 use super::app::CoreApp;
+use super::conn::Conn;
 use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
 use super::pending::{Pending, PendingEnd};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::metrics::connections::{bump, set, ListenerCounters};
 use crate::transport::ws_chat;
-use glommio::net::{TcpListener, TcpStream};
+use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -269,6 +273,34 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
         let app = app.clone();
         glommio::spawn_local(async move {
             let _guard = guard;
+            // The TLS handshake is part of the pending phase: one call puts
+            // it under the core's budget (evictable, counted).
+            let stream = match &app.shared.tls {
+                None => Conn::Plain(stream),
+                Some(tls) => {
+                    // tls.accept has its own deadline (and error); this one
+                    // only backs it up.
+                    let backstop = Duration::from_millis(
+                        app.shared.config.listen.tls_handshake_timeout_ms + 1_000,
+                    );
+                    match pending.within(backstop, tls.accept(stream)).await {
+                        Ok(Ok(crate::tls::Accepted::Tls(s))) => s,
+                        Ok(Ok(crate::tls::Accepted::Plaintext(s))) => {
+                            pending.complete();
+                            let timeout =
+                                Duration::from_millis(app.shared.config.listen.head_timeout_ms);
+                            crate::tls::answer_plaintext(s, &limits(&app), timeout).await;
+                            return;
+                        }
+                        Ok(Err(e)) => {
+                            crate::tls::note_handshake_failure(app.ctx.core, peer.ip(), &e);
+                            return;
+                        }
+                        // Evicted or timed out: counted by the budget.
+                        Err(_) => return,
+                    }
+                }
+            };
             handle_connection(stream, app, pending).await;
         })
         .detach();
@@ -292,23 +324,36 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The query parameter that carries the token on a WebSocket upgrade.
+const AUTH_QUERY_KEY: &str = "auth_id";
+
 fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
     let Some(token) = app.shared.config.listen.token.as_deref() else {
         return true;
     };
-    let given = head.bearer_token().or_else(|| head.api_key());
-    given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
+    let ok = |g: &str| constant_time_eq(g.as_bytes(), token.as_bytes());
+    if let Some(g) = head.bearer_token().or_else(|| head.api_key()) {
+        return ok(g);
+    }
+    // Browsers cannot set headers on a WebSocket: Kyutai's server takes the
+    // token from `auth_id` there, and so does this one (upgrades only, so a
+    // token in a URL is never needed for anything else).
+    head.is_websocket_upgrade()
+        && head.query_pairs().is_ok_and(|q| {
+            q.iter()
+                .any(|(k, v)| k == AUTH_QUERY_KEY && !v.is_empty() && ok(v))
+        })
 }
 
 fn is_public(head: &RequestHead) -> bool {
-    matches!(head.path.as_str(), "/health" | "/ready")
+    matches!(head.path.as_str(), "/health" | "/ready") || crate::web::is_public(&head.path)
 }
 
 /// The whole request: its head and, when it has one and will be answered
 /// (authorized, not an upgrade), its body, which then waits in `buf` for
 /// [`http::read_body`] (which returns it at once).
 async fn read_request(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
     app: &CoreApp,
@@ -321,7 +366,14 @@ async fn read_request(
     Ok(head)
 }
 
-async fn handle_connection(mut stream: TcpStream, app: CoreApp, pending: Pending) {
+/// A session's query parameters, less the token.
+fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError> {
+    let mut q = head.query_pairs()?;
+    q.retain(|(k, _)| k != AUTH_QUERY_KEY);
+    Ok(q)
+}
+
+async fn handle_connection(mut stream: Conn, app: CoreApp, pending: Pending) {
     let limits = limits(&app);
     let mut buf = Vec::new();
     let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
@@ -362,7 +414,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp, pending: Pending
     match result {
         Ok(Route::Done) => {}
         Ok(Route::Chat) => {
-            let query = match head.query_pairs() {
+            let query = match session_query(&head) {
                 Ok(q) => q,
                 Err(e) => {
                     let _ = http::respond_error(&mut stream, &e).await;
@@ -378,7 +430,7 @@ async fn handle_connection(mut stream: TcpStream, app: CoreApp, pending: Pending
             }
         }
         Ok(Route::MediaStream) => {
-            let query = match head.query_pairs() {
+            let query = match session_query(&head) {
                 Ok(q) => q,
                 Err(e) => {
                     let _ = http::respond_error(&mut stream, &e).await;
@@ -409,7 +461,7 @@ enum Route {
 }
 
 async fn route(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
     buf: &mut Vec<u8>,
@@ -510,6 +562,10 @@ async fn route(
         }
         (_, path) if crate::transport::rtp::control::owns(path) => {
             crate::transport::rtp::control::handle(stream, app, head, buf, limits).await?;
+            Ok(Route::Done)
+        }
+        (_, path) if crate::web::owns(path) => {
+            crate::web::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
         (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {

@@ -3,6 +3,7 @@
 
 pub mod accept_pace;
 pub mod app;
+pub mod conn;
 pub mod core;
 pub mod fd_limit;
 pub mod listener;

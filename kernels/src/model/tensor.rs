@@ -56,6 +56,8 @@ pub enum Init {
     Embedding,
     /// A norm weight: all ones.
     Ones,
+    /// A norm bias: all zeros.
+    Zeros,
 }
 
 enum Source<'a> {
@@ -215,7 +217,8 @@ impl<'a> WeightLoader<'a> {
                 let s = seed.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 match (init, dtype) {
                     (Init::Ones, DType::F32) => ew.fill(dev, dst, n, 1.0)?,
-                    (Init::Ones, DType::Bf16) => {
+                    (Init::Zeros, DType::F32) => ew.fill(dev, dst, n, 0.0)?,
+                    (Init::Ones | Init::Zeros, DType::Bf16) => {
                         return Err(GpuError::Unsupported(format!(
                             "{name}: norm weights are f32"
                         )))

@@ -47,8 +47,15 @@ impl KvType {
 pub struct AttnShape {
     /// Model width (heads × head_dim).
     pub dim: usize,
-    /// Heads.
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (`heads / kv_repeat`; `heads` without grouped-query
+    /// attention). `qkv` rows hold `dim + 2 · kv_dim` values and the caches
+    /// `kv_dim` per position, `kv_dim = kv_heads · head_dim`.
+    pub kv_heads: usize,
+    /// RoPE over interleaved pairs (`rope`) or over the two halves of each
+    /// head (`rope_concat`); unused without rotary frequencies.
+    pub rope_interleaved: bool,
     /// Ring length of each cache row.
     pub capacity: usize,
     /// Attention context (keys a query may see, itself included).
@@ -76,7 +83,26 @@ impl AttnShape {
         if self.capacity == 0 || self.context == 0 {
             return Err(DeviceError::shape(WHAT, "empty cache or context"));
         }
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(DeviceError::shape(
+                WHAT,
+                format!(
+                    "{} key/value heads for {} query heads",
+                    self.kv_heads, self.heads
+                ),
+            ));
+        }
         Ok(hd)
+    }
+
+    /// Width of the keys (and values) of one position.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * (self.dim / self.heads.max(1))
+    }
+
+    /// Values per `qkv` row: queries, keys, values.
+    pub fn qkv_dim(&self) -> usize {
+        self.dim + 2 * self.kv_dim()
     }
 }
 
@@ -106,9 +132,10 @@ impl AttnKernels {
         })
     }
 
-    /// Rotates q and k of every active row of `qkv` (`[rows][3·dim]` f32) by
-    /// the row's position (`freqs`: head_dim/2 f32, or NULL for no rotary
-    /// embedding) and writes k, v into the caches (`[cache rows][capacity][dim]`).
+    /// Rotates q and k of every active row of `qkv` (`[rows][dim + 2·kv_dim]`
+    /// f32) by the row's position (`freqs`: head_dim/2 f32, or NULL for no
+    /// rotary embedding) and writes k, v into the caches (`[cache
+    /// rows][capacity][kv_dim]`).
     #[allow(clippy::too_many_arguments)]
     pub fn rope_kv_write<D: Device + ?Sized>(
         &self,
@@ -133,16 +160,18 @@ impl AttnKernels {
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
             Arg::I32(int(WHAT, s.dim)?),
+            Arg::I32(int(WHAT, s.kv_dim())?),
             Arg::I32(int(WHAT, hd)?),
             Arg::I32(int(WHAT, s.capacity)?),
+            Arg::I32(s.rope_interleaved as i32),
         ];
         let grid = (dim(WHAT, s.rows)?, 1, 1);
         match kv {
             KvType::F32 => dev.launch(self.rope_f32, grid, ROPE_THREADS, &common),
             KvType::Bf16 => dev.launch(self.rope_bf16, grid, ROPE_THREADS, &common),
             KvType::Fp8 { scale } => {
-                let mut args = [Arg::F32(scale); 9];
-                args[..8].copy_from_slice(&common);
+                let mut args = [Arg::F32(scale); 11];
+                args[..10].copy_from_slice(&common);
                 dev.launch(self.rope_fp8, grid, ROPE_THREADS, &args)
             }
         }
@@ -176,6 +205,7 @@ impl AttnKernels {
             Arg::Ptr(v_cache),
             Arg::Ptr(row_info),
             Arg::I32(int(WHAT, s.dim)?),
+            Arg::I32(int(WHAT, s.kv_dim())?),
             Arg::I32(int(WHAT, hd)?),
             Arg::I32(int(WHAT, s.capacity)?),
             Arg::I32(int(WHAT, s.context)?),
@@ -183,8 +213,8 @@ impl AttnKernels {
         ];
         let grid = (dim(WHAT, s.heads)?, dim(WHAT, s.rows)?, 1);
         let plain = |k: KernelId, dev: &mut D| {
-            let mut args = [Arg::Ptr(out); 10];
-            args[..9].copy_from_slice(&head);
+            let mut args = [Arg::Ptr(out); 11];
+            args[..10].copy_from_slice(&head);
             dev.launch(k, grid, ATT_THREADS, &args)
         };
         match (kv, out_type) {
@@ -192,9 +222,9 @@ impl AttnKernels {
             (KvType::F32, DType::F32) => plain(self.att_f32, dev),
             (KvType::Bf16, DType::F32) => plain(self.att_bf16_f32out, dev),
             (KvType::Fp8 { scale: kv_scale }, DType::Bf16) => {
-                let mut args = [Arg::Ptr(out); 11];
-                args[..9].copy_from_slice(&head);
-                args[9] = Arg::F32(kv_scale);
+                let mut args = [Arg::Ptr(out); 12];
+                args[..10].copy_from_slice(&head);
+                args[10] = Arg::F32(kv_scale);
                 dev.launch(self.att_fp8, grid, ATT_THREADS, &args)
             }
             (kv, o) => Err(DeviceError::shape(

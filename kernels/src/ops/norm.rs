@@ -12,6 +12,7 @@ pub struct NormKernels {
     rms_bf16: KernelId,
     rms_f32: KernelId,
     layer_f32: KernelId,
+    layer_bf16: KernelId,
 }
 
 impl NormKernels {
@@ -21,6 +22,7 @@ impl NormKernels {
             rms_bf16: dev.kernel("rms_norm_bf16")?,
             rms_f32: dev.kernel("rms_norm_f32")?,
             layer_f32: dev.kernel("layer_norm_f32")?,
+            layer_bf16: dev.kernel("layer_norm_bf16")?,
         })
     }
 
@@ -77,12 +79,34 @@ impl NormKernels {
         rows: usize,
         y: DevPtr,
     ) -> DeviceResult<()> {
+        self.layer_norm_to(dev, x, w, b, eps, width, row_info, rows, y, DType::F32)
+    }
+
+    /// [`NormKernels::layer_norm`] with `y` in `out` precision.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_to<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        x: DevPtr,
+        w: DevPtr,
+        b: DevPtr,
+        eps: f32,
+        width: usize,
+        row_info: DevPtr,
+        rows: usize,
+        y: DevPtr,
+        out: DType,
+    ) -> DeviceResult<()> {
         const WHAT: &str = "layer_norm";
         if x == NULL || w == NULL || b == NULL || y == NULL {
             return Err(DeviceError::shape(WHAT, "null operand"));
         }
+        let k = match out {
+            DType::Bf16 => self.layer_bf16,
+            DType::F32 => self.layer_f32,
+        };
         dev.launch(
-            self.layer_f32,
+            k,
             (dim(WHAT, rows)?, 1, 1),
             NORM_THREADS,
             &[

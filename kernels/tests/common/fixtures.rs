@@ -6,8 +6,9 @@ use std::path::Path;
 #[path = "../../../model/tests/golden_fixtures.rs"]
 mod dirs;
 
-/// The fixture folders (`MOSHID_GOLDEN`, or `../shared/golden`), as the
-/// model crate's golden tests find them.
+/// The fixture folders (`../shared/golden`, the implemented
+/// `../shared/golden-next` ones and `MOSHID_GOLDEN`'s), as the model
+/// crate's golden tests find them.
 pub use dirs::{fixture_dirs, tensor_f32, tensor_i64};
 
 /// `pcm_in` of a fixture: `(streams, samples per stream, samples)`.

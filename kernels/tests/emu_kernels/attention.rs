@@ -98,8 +98,10 @@ impl Ring {
             Arg::Ptr(self.kc),
             Arg::Ptr(self.vc),
             Arg::I32(dim as i32),
+            Arg::I32(dim as i32), // kv_dim: one key/value head per query head
             Arg::I32(hd as i32),
             Arg::I32(self.cap as i32),
+            Arg::I32(1), // interleaved RoPE pairs
         ];
         if let Cache::Fp8(s) = self.cache {
             args.push(Arg::F32(s));
@@ -115,6 +117,7 @@ impl Ring {
             Arg::Ptr(self.vc),
             Arg::Ptr(dr),
             Arg::I32(dim as i32),
+            Arg::I32(dim as i32), // kv_dim
             Arg::I32(hd as i32),
             Arg::I32(self.cap as i32),
             Arg::I32(self.context as i32),
@@ -337,6 +340,7 @@ fn a_query_with_an_empty_window_gets_zeros_not_nan() {
         Arg::Ptr(vc),
         Arg::Ptr(rows),
         Arg::I32(dim as i32),
+        Arg::I32(dim as i32),
         Arg::I32(hd as i32),
         Arg::I32(cap as i32),
         Arg::I32(cap as i32),
@@ -421,6 +425,8 @@ fn bf16_and_fp8_conversions_are_cuda_s() {
             Arg::Ptr(vc),
             Arg::I32(dim as i32),
             Arg::I32(dim as i32),
+            Arg::I32(dim as i32),
+            Arg::I32(1),
             Arg::I32(1),
             Arg::F32(1.0),
         ],

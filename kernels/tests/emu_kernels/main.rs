@@ -14,6 +14,7 @@
 //! every family's tests share; each family is a module of its own.
 
 mod attention;
+mod attention_gqa;
 mod conv;
 mod elementwise;
 mod errors;

@@ -7,15 +7,40 @@
 //! `depformer_text_emb`; audio codebook `k − 1` via `depformer_emb[k − 1]`
 //! otherwise; both optionally low-rank). The stack uses weight set
 //! `weight_set(k)` and attends over positions `0..=k` of this frame; the head
-//! is `linears[k]` (`depformer_norms` are identities for every supported
-//! config). Invariants: all rows run each step's linears together; the
-//! per-frame KV cache is scratch (rewritten from position 0 every frame).
+//! is `linears[k]`, after `depformer_norms[k]` when the config has a
+//! `depformer_norm` (an identity otherwise). Invariants: all rows run each
+//! step's linears together; the per-frame KV cache is scratch (rewritten
+//! from position 0 every frame).
 
 use super::embeddings::Embedding;
 use super::linear::linear;
-use super::transformer::{gating_hidden, AttnRow, Stack, StackScratch, StackShape};
-use crate::config::{LmConfig, PosEmb};
+use super::transformer::{AttnRow, Stack, StackScratch, StackShape};
+use crate::config::{LmConfig, NormKind};
+use crate::ops::{layer_norm, rms_norm};
 use crate::weights::{CheckpointError, TensorSpec, Weights};
+
+/// One head's norm (`depformer_norms.{k}`): an RMSNorm's `alpha`, or a
+/// LayerNorm's weight and bias.
+struct HeadNorm {
+    kind: NormKind,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// Names and shapes of the tensors of `depformer_norms.{k}` for `kind`.
+pub fn head_norm_specs(kind: NormKind, k: usize, dim: usize) -> Vec<TensorSpec> {
+    if kind.is_layer_norm() {
+        vec![
+            TensorSpec::new(format!("depformer_norms.{k}.weight"), &[dim]),
+            TensorSpec::new(format!("depformer_norms.{k}.bias"), &[dim]),
+        ]
+    } else {
+        vec![TensorSpec::new(
+            format!("depformer_norms.{k}.alpha"),
+            &[1, 1, dim],
+        )]
+    }
+}
 
 /// Depformer weights.
 pub(crate) struct Depformer {
@@ -31,6 +56,8 @@ pub(crate) struct Depformer {
     text_emb: Embedding,
     emb: Vec<Embedding>,
     stack: Stack,
+    /// `depformer_norms`, one per step, when the config has them.
+    norms: Vec<HeadNorm>,
     linears: Vec<Vec<f32>>,
 }
 
@@ -41,15 +68,16 @@ pub fn stack_shape(cfg: &LmConfig) -> StackShape {
     StackShape {
         dim: d.dim,
         heads: d.num_heads,
+        kv_heads: d.num_heads / d.kv_repeat,
         layers: d.num_layers,
-        hidden: gating_hidden(d.dim, d.dim_feedforward),
+        hidden: cfg.depformer_ffn_hidden(),
         sets,
         gating_list: d.weights_per_step,
         // The official depformer runs with `context = None` and a cache of
         // `dep_q` entries: every step sees the whole frame so far.
         capacity: cfg.dep_q,
         context: cfg.dep_q,
-        rope_period: (d.pos_emb == PosEmb::Rope).then_some(d.max_period),
+        rope: d.pos_emb.rope(d.max_period),
         eps: cfg.norm.eps(),
     }
 }
@@ -79,6 +107,11 @@ impl Depformer {
         }
         Embedding::specs("depformer_text_emb", cfg.text_card + 1, d, rank, out);
         Stack::specs("depformer", &stack_shape(cfg), out);
+        if let Some(kind) = cfg.depformer.norm {
+            for k in 0..cfg.dep_q {
+                out.extend(head_norm_specs(kind, k, d));
+            }
+        }
         for k in 0..cfg.dep_q {
             out.push(TensorSpec::new(
                 format!("linears.{k}.weight"),
@@ -100,6 +133,18 @@ impl Depformer {
             .collect::<Result<Vec<_>, _>>()?;
         let text_emb = Embedding::load(w, "depformer_text_emb", cfg.text_card + 1, d, rank)?;
         let stack = Stack::load(w, "depformer", stack_shape(cfg))?;
+        let mut norms = Vec::new();
+        if let Some(kind) = cfg.depformer.norm {
+            for k in 0..cfg.dep_q {
+                let specs = head_norm_specs(kind, k, d);
+                let weight = w.take(&specs[0].name, &specs[0].shape)?;
+                let bias = match specs.get(1) {
+                    Some(b) => w.take(&b.name, &b.shape)?,
+                    None => Vec::new(),
+                };
+                norms.push(HeadNorm { kind, weight, bias });
+            }
+        }
         let linears = (0..cfg.dep_q)
             .map(|k| w.take(&format!("linears.{k}.weight"), &[cfg.card, d]))
             .collect::<Result<Vec<_>, _>>()?;
@@ -116,6 +161,7 @@ impl Depformer {
             text_emb,
             emb,
             stack,
+            norms,
             linears,
         })
     }
@@ -125,12 +171,15 @@ impl Depformer {
         &self.stack
     }
 
-    /// Widest stored embedding row (for the low-rank gather scratch).
+    /// Width of the `tmp` scratch of [`Depformer::step`]: the widest
+    /// stored embedding row (low-rank gathers) or, with head norms, the
+    /// depformer width (the normed rows).
     pub(crate) fn emb_width(&self) -> usize {
         self.emb
             .iter()
             .map(Embedding::width)
             .chain([self.text_emb.width()])
+            .chain(self.norms.first().map(|_| self.dim))
             .max()
             .unwrap_or(0)
     }
@@ -170,8 +219,20 @@ impl Depformer {
         };
         emb.add_rows(prev, x, tmp);
         self.stack.forward(self.set_index[k], x, rows, kv, sc);
+        let head_in = match self.norms.get(k) {
+            None => &*x,
+            Some(norm) => {
+                let y = &mut tmp[..n * self.dim];
+                if norm.kind.is_layer_norm() {
+                    layer_norm(x, &norm.weight, &norm.bias, norm.kind.eps(), self.dim, y);
+                } else {
+                    rms_norm(x, &norm.weight, norm.kind.eps(), self.dim, y);
+                }
+                &*y
+            }
+        };
         linear(
-            x,
+            head_in,
             n,
             &self.linears[k],
             self.card,

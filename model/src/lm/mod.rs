@@ -45,6 +45,8 @@ mod sampling;
 mod setup;
 mod transformer;
 
+/// Tensors of the norm before depformer head `k` (`depformer_norms.{k}`).
+pub use depformer::head_norm_specs as depformer_head_norm_specs;
 /// `depformer_in` index of each depformer step, and how many projections exist.
 pub use depformer::in_indices as depformer_in_indices;
 /// The depformer stack's shape for a config.
@@ -216,13 +218,14 @@ pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
     StackShape {
         dim: cfg.dim,
         heads: cfg.num_heads,
+        kv_heads: cfg.num_heads / cfg.kv_repeat,
         layers: cfg.num_layers,
-        hidden: gating_hidden(cfg.dim, (cfg.hidden_scale * cfg.dim as f64) as usize),
+        hidden: cfg.ffn_hidden(),
         sets: 1,
         gating_list: false,
         capacity: cfg.context,
         context: cfg.context,
-        rope_period: Some(cfg.max_period),
+        rope: cfg.pos_emb.rope(cfg.max_period),
         eps: cfg.norm.eps(),
     }
 }

@@ -1,6 +1,9 @@
 //! The streaming transformer of the LM (`StreamingTransformer` with
 //! `StreamingTransformerLayer`s): pre-norm RMSNorm, causal multi-head
-//! self-attention over a ring KV cache with optional interleaved RoPE, and a
+//! self-attention over a ring KV cache with optional RoPE (interleaved
+//! pairs, or the two halves of each head for `rope_concat`) and grouped
+//! query heads (`kv_repeat`: query head `h` reads key/value head
+//! `h / kv_repeat`, the official `expand_repeated_kv`), and a
 //! SiLU-gated feed-forward block (`ActivationGating`). The same code runs the
 //! temporal transformer (one weight set, ring of `context` steps, RoPE at the
 //! stream's offset) and the depformer (one weight set per codebook step,
@@ -14,7 +17,8 @@
 //! the largest batch.
 
 use super::linear::{linear, linear_acc};
-use crate::ops::{rms_norm, rope_freqs, rope_interleaved, silu, softmax_inplace};
+use crate::config::Rope;
+use crate::ops::{rms_norm, rope_freqs, rope_halves, rope_interleaved, silu, softmax_inplace};
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 
 /// Hidden width of an official `ActivationGating` for a model width and a
@@ -32,8 +36,11 @@ pub fn gating_hidden(dim: usize, dim_feedforward: usize) -> usize {
 pub struct StackShape {
     /// Width.
     pub dim: usize,
-    /// Attention heads.
+    /// Attention (query) heads.
     pub heads: usize,
+    /// Key/value heads (`heads / kv_repeat`); the KV cache stores
+    /// `kv_heads · dim / heads` values per position.
+    pub kv_heads: usize,
     /// Layers.
     pub layers: usize,
     /// Gated feed-forward hidden width.
@@ -46,16 +53,40 @@ pub struct StackShape {
     pub capacity: usize,
     /// Attention window (steps, including the current one).
     pub context: usize,
-    /// RoPE period, when RoPE is used.
-    pub rope_period: Option<f32>,
+    /// The rotary embedding, when one is used.
+    pub rope: Option<Rope>,
     /// Norm epsilon.
     pub eps: f32,
+}
+
+impl StackShape {
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.heads
+    }
+
+    /// Width of the keys (and of the values) of one position.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim()
+    }
+
+    /// Rows of an in-projection: the queries (`dim`), then the keys and
+    /// the values (`kv_dim` each).
+    pub fn qkv_dim(&self) -> usize {
+        self.dim + 2 * self.kv_dim()
+    }
+
+    /// Query heads per key/value head.
+    pub fn kv_repeat(&self) -> usize {
+        self.heads / self.kv_heads
+    }
 }
 
 /// One weight set of a layer.
 #[derive(Clone)]
 struct SetWeights {
-    /// `[3·dim, dim]`: q, k, v, each `(heads, head_dim)`.
+    /// `[dim + 2·kv_dim, dim]`: q `(heads, head_dim)`, then k and v
+    /// `(kv_heads, head_dim)` each.
     in_proj: Vec<f32>,
     /// `[dim, dim]`.
     out_proj: Vec<f32>,
@@ -95,6 +126,7 @@ impl StackScratch {
     /// Scratch for up to `rows` rows of any of `shapes`.
     pub(crate) fn new(rows: usize, shapes: &[&StackShape]) -> Self {
         let dim = shapes.iter().map(|s| s.dim).max().unwrap_or(0);
+        let qkv = shapes.iter().map(|s| s.qkv_dim()).max().unwrap_or(0);
         let hidden = shapes.iter().map(|s| s.hidden).max().unwrap_or(0);
         let ctx = shapes
             .iter()
@@ -103,7 +135,7 @@ impl StackScratch {
             .unwrap_or(0);
         StackScratch {
             h: vec![0.0; rows * dim],
-            qkv: vec![0.0; rows * 3 * dim],
+            qkv: vec![0.0; rows * qkv],
             attn: vec![0.0; rows * dim],
             ff: vec![0.0; rows * 2 * hidden],
             act: vec![0.0; rows * hidden],
@@ -155,7 +187,7 @@ impl Stack {
 
     fn set_shapes(shape: &StackShape) -> [[usize; 2]; 4] {
         let (d, h) = (shape.dim, shape.hidden);
-        [[3 * d, d], [d, d], [2 * h, d], [d, h]]
+        [[shape.qkv_dim(), d], [d, d], [2 * h, d], [d, h]]
     }
 
     /// Tensors of the stack under `prefix` (`transformer`, `depformer`).
@@ -204,9 +236,9 @@ impl Stack {
             layers.push(Layer { norm1, norm2, sets });
         }
         let head_dim = d / shape.heads;
-        let freqs = shape.rope_period.map(|p| {
+        let freqs = shape.rope.map(|r| {
             let mut f = vec![0.0; head_dim / 2];
-            rope_freqs(head_dim, p, &mut f);
+            rope_freqs(head_dim, r.period, &mut f);
             f
         });
         Ok(Stack {
@@ -233,7 +265,7 @@ impl Stack {
 
     /// Floats of KV cache per cache row.
     pub(crate) fn kv_row_len(&self) -> usize {
-        self.shape.layers * 2 * self.shape.capacity * self.shape.dim
+        self.shape.layers * 2 * self.shape.capacity * self.shape.kv_dim()
     }
 
     /// Runs the stack in place on `x` (`[rows.len(), dim]`), with weight set
@@ -249,30 +281,35 @@ impl Stack {
     ) {
         let n = rows.len();
         let sh = &self.shape;
-        let (d, hid) = (sh.dim, sh.hidden);
+        let (d, hid, kvd, qd) = (sh.dim, sh.hidden, sh.kv_dim(), sh.qkv_dim());
         let x = &mut x[..n * d];
         let h = &mut sc.h[..n * d];
         let kv_row_len = self.kv_row_len();
-        let plane = sh.capacity * d;
+        let plane = sh.capacity * kvd;
         for (l, layer) in self.layers.iter().enumerate() {
             let w = &layer.sets[set];
             // Self-attention block.
             rms_norm(x, &layer.norm1, sh.eps, d, h);
-            let qkv = &mut sc.qkv[..n * 3 * d];
-            linear(h, n, &w.in_proj, 3 * d, d, qkv);
+            let qkv = &mut sc.qkv[..n * qd];
+            linear(h, n, &w.in_proj, qd, d, qkv);
             for (r, row) in rows.iter().enumerate() {
-                let qkv = &mut qkv[r * 3 * d..(r + 1) * 3 * d];
-                if let Some(f) = &self.freqs {
+                let qkv = &mut qkv[r * qd..(r + 1) * qd];
+                if let (Some(f), Some(rope)) = (&self.freqs, sh.rope) {
                     let pos = row.pos as f32;
-                    for head in qkv[..2 * d].chunks_exact_mut(self.head_dim) {
-                        rope_interleaved(head, f, pos);
+                    // Queries and keys: every head of the first dim + kv_dim values.
+                    for head in qkv[..d + kvd].chunks_exact_mut(self.head_dim) {
+                        if rope.interleaved {
+                            rope_interleaved(head, f, pos);
+                        } else {
+                            rope_halves(head, f, pos);
+                        }
                     }
                 }
                 let base = row.kv_row * kv_row_len + l * 2 * plane;
                 let (kc, vc) = kv[base..base + 2 * plane].split_at_mut(plane);
                 let slot = row.pos % sh.capacity;
-                kc[slot * d..(slot + 1) * d].copy_from_slice(&qkv[d..2 * d]);
-                vc[slot * d..(slot + 1) * d].copy_from_slice(&qkv[2 * d..]);
+                kc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&qkv[d..d + kvd]);
+                vc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&qkv[d + kvd..]);
                 self.attend(
                     &qkv[..d],
                     kc,
@@ -309,23 +346,25 @@ impl Stack {
         scores: &mut [f32],
     ) {
         let sh = &self.shape;
-        let (d, hd) = (sh.dim, self.head_dim);
+        let (kvd, hd, rep) = (sh.kv_dim(), self.head_dim, sh.kv_repeat());
         let len = (pos + 1).min(sh.context).min(sh.capacity);
         let start = pos + 1 - len;
         let scale = 1.0 / (hd as f32).sqrt();
         let scores = &mut scores[..len];
         for head in 0..sh.heads {
             let o = head * hd;
+            // The key/value head this query head shares with `rep - 1` others.
+            let ko = (head / rep) * hd;
             let qh = &q[o..o + hd];
             for (s, p) in scores.iter_mut().zip(start..=pos) {
-                let i = (p % sh.capacity) * d + o;
+                let i = (p % sh.capacity) * kvd + ko;
                 *s = dot(qh, &kc[i..i + hd]) * scale;
             }
             softmax_inplace(scores);
             let oh = &mut out[o..o + hd];
             oh.fill(0.0);
             for (&s, p) in scores.iter().zip(start..=pos) {
-                let i = (p % sh.capacity) * d + o;
+                let i = (p % sh.capacity) * kvd + ko;
                 for (y, v) in oh.iter_mut().zip(&vc[i..i + hd]) {
                     *y += s * v;
                 }

@@ -3,8 +3,9 @@
 //! logits within 1e-4 relative error, slot reuse exact, and the same tokens
 //! when the streams sit in other slots of a bigger, busier batch.
 //!
-//! Fixture folders: `MOSHID_GOLDEN` (colon-separated), or every folder of
-//! `shared/golden` that holds an `lm_config.json`.
+//! Fixture folders: every folder of `shared/golden` that holds an
+//! `lm_config.json`, `shared/golden-next/hibiki-zero-tiny`, and the folders
+//! of `MOSHID_GOLDEN` (colon-separated).
 //!
 //! One deliberate difference: the official `LMGen` keeps a batch-wide
 //! `offset_cpu` and returns `None` for the whole batch during the `max_delay`

@@ -1,7 +1,8 @@
 //! Mimi against the official implementation's golden fixtures.
 //!
-//! For every fixture folder (`MOSHID_GOLDEN` = colon-separated folders; by
-//! default every folder under `shared/golden` with a `mimi_config.json`):
+//! For every fixture folder (every folder under `shared/golden` with a
+//! `mimi_config.json`, `shared/golden-next/hibiki-zero-tiny`, and the
+//! colon-separated folders of `MOSHID_GOLDEN`):
 //! streaming encode of `pcm_in` must give `mimi_codes` exactly; streaming
 //! decode of `mimi_codes` must give `mimi_pcm_out` within a relative error of
 //! 1e-4; and a run with the streams scattered over 5 slots, some slots idle,

@@ -33,6 +33,7 @@
 
 use super::events::{self, BASE64};
 use crate::io::app::CoreApp;
+use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
@@ -49,7 +50,6 @@ use async_tungstenite::WebSocketStream;
 use base64::Engine;
 use bytes::BytesMut;
 use futures_lite::StreamExt;
-use glommio::net::TcpStream;
 use glommio::timer::Timer;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ const OUT_BUFFER_BYTES: usize = 4096;
 /// DTMF digits kept for the end-of-stream log line.
 const DTMF_LOG_DIGITS: usize = 32;
 
-type Ws = WebSocketStream<TcpStream>;
+type Ws = WebSocketStream<Conn>;
 
 /// A mark waiting for its echo.
 struct PendingMark {
@@ -136,6 +136,7 @@ pub async fn run(
     let mut rec = SessionRecord::start(shared.session_id(), "media_stream");
     let _ = ws
         .get_ref()
+        .tcp()
         .set_write_timeout(Some(Duration::from_millis(cfg.session.send_timeout_ms)));
     let idle = Duration::from_millis(cfg.session.idle_timeout_ms);
     let started = match pending

@@ -20,10 +20,10 @@ use super::session::{self, MediaPath, NewSession, SessionSpec};
 use super::state::{SessionHandle, SessionInfo, SessionState, EVENT_LOG_CAPACITY};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
+use crate::io::conn::Conn;
 use crate::session::params::session_params;
 use crate::session::record::SessionRecord;
 use crate::telephony::{CodecKind, CodecSpec};
-use glommio::net::TcpStream;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -185,7 +185,7 @@ impl CreateRequest {
 
 /// Serves one request to these endpoints.
 pub async fn handle(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
     buf: &mut Vec<u8>,
@@ -215,7 +215,7 @@ pub async fn handle(
     }
 }
 
-async fn delete(stream: &mut TcpStream, app: &CoreApp, id: &str) -> Result<(), HttpError> {
+async fn delete(stream: &mut Conn, app: &CoreApp, id: &str) -> Result<(), HttpError> {
     let Some(h) = app.shared.rtp.get(id) else {
         return http::write_error(stream, 404, &format!("no RTP session `{id}`")).await;
     };
@@ -233,7 +233,7 @@ async fn delete(stream: &mut TcpStream, app: &CoreApp, id: &str) -> Result<(), H
 }
 
 async fn create(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
     buf: &mut Vec<u8>,
@@ -304,7 +304,11 @@ async fn create(
     // A socket bound to every interface is reached at the address this
     // request came in on.
     let address = if local.ip().is_unspecified() {
-        stream.local_addr().map(|a| a.ip()).unwrap_or(local.ip())
+        stream
+            .tcp()
+            .local_addr()
+            .map(|a| a.ip())
+            .unwrap_or(local.ip())
     } else {
         local.ip()
     };

@@ -29,7 +29,7 @@
 //! GPU); the kernels crate's tests do that on a golden fixture's shape.
 //!
 //! ```text
-//! gpu-bench [--model moshi7b|hibiki2b|DIR] [--batch 1,8,32,64,128] [--steps 200]
+//! gpu-bench [--model moshi7b|hibiki2b|hibiki1b|hibiki-zero-3b|DIR] [--batch 1,8,32,64,128] [--steps 200]
 //!           [--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8]
 //!           [--context N] [--precision bf16|f32] [--cfg COEF] [--device N|emu]
 //!           [--reserve-gib G] [--ptx-cache DIR] [--full-context on|off]

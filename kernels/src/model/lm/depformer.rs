@@ -4,7 +4,8 @@
 //! the temporal output, plus the embedding of the previous token (the text
 //! token at step 0, codebook `k − 1` after; optionally low-rank), the stack
 //! with weight set `weight_set(k)` attending over positions `0..=k` of this
-//! frame, the head `linears[k]`, then sampling into codebook `k`.
+//! frame, the head `linears[k]` (after `depformer_norms[k]` when the config
+//! has a `depformer_norm`), then sampling into codebook `k`.
 //!
 //! Invariants: the per-frame KV cache has one row per batch row and is
 //! rewritten from position 0 every frame (never reset); every launch
@@ -17,7 +18,15 @@ use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult};
 use crate::ops::attention::KvType;
 use crate::ops::sampling::SampleArgs;
-use moshid_model::config::LmConfig;
+use moshid_model::config::{LmConfig, NormKind};
+
+/// The norm before one head (`depformer_norms.{k}`), f32 on the device: an
+/// RMSNorm's `alpha` (bias NULL) or a LayerNorm's weight and bias.
+struct HeadNorm {
+    kind: NormKind,
+    weight: DevPtr,
+    bias: DevPtr,
+}
 
 /// An embedding table, optionally low-rank (`[rows][rank]` + `[dim][rank]`).
 pub(super) struct Embedding {
@@ -69,10 +78,13 @@ pub(super) struct Depformer {
     text_emb: Embedding,
     emb: Vec<Embedding>,
     pub stack: Stack,
+    /// One per step when the config has `depformer_norm`, else empty.
+    norms: Vec<HeadNorm>,
     linears: Vec<DevTensor>,
     /// `[rows][dim]` f32 residual stream.
     x: DevPtr,
-    /// `[rows][dim]` act: the stream cast for the heads (bf16 mode).
+    /// `[rows][dim]` act: the heads' input (the stream normed, or cast to
+    /// bf16 in bf16 mode).
     x_act: DevPtr,
     /// `[rows][widest rank]` gathered low-rank rows.
     low_rank_tmp: DevPtr,
@@ -137,6 +149,23 @@ impl Depformer {
             kv,
             max_rows,
         )?;
+        let mut norms = Vec::new();
+        if let Some(kind) = cfg.depformer.norm {
+            for k in 0..cfg.dep_q {
+                let specs = moshid_model::lm::depformer_head_norm_specs(kind, k, d);
+                let weight = w
+                    .tensor(dev, &specs[0].name, &specs[0].shape, DType::F32, Init::Ones)?
+                    .ptr;
+                let bias = match specs.get(1) {
+                    Some(b) => {
+                        w.tensor(dev, &b.name, &b.shape, DType::F32, Init::Zeros)?
+                            .ptr
+                    }
+                    None => crate::device::NULL,
+                };
+                norms.push(HeadNorm { kind, weight, bias });
+            }
+        }
         let linears = (0..cfg.dep_q)
             .map(|k| {
                 w.tensor(
@@ -161,6 +190,7 @@ impl Depformer {
             text_emb,
             emb,
             stack,
+            norms,
             linears,
             x: scratch(dev, max_rows * d, DType::F32)?,
             x_act: scratch(dev, max_rows * d, act)?,
@@ -245,9 +275,38 @@ impl Depformer {
             }
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
-            let head_in = match act {
-                DType::F32 => self.x,
-                DType::Bf16 => {
+            let head_in = match (self.norms.get(step), act) {
+                (Some(n), _) if n.kind.is_layer_norm() => {
+                    k.norm.layer_norm_to(
+                        dev,
+                        self.x,
+                        n.weight,
+                        n.bias,
+                        n.kind.eps(),
+                        d,
+                        row_info,
+                        rows,
+                        self.x_act,
+                        act,
+                    )?;
+                    self.x_act
+                }
+                (Some(n), _) => {
+                    k.norm.rms_norm(
+                        dev,
+                        self.x,
+                        n.weight,
+                        n.kind.eps(),
+                        d,
+                        row_info,
+                        rows,
+                        self.x_act,
+                        act,
+                    )?;
+                    self.x_act
+                }
+                (None, DType::F32) => self.x,
+                (None, DType::Bf16) => {
                     k.ew.to_bf16(dev, self.x, self.x_act, rows * d)?;
                     self.x_act
                 }

@@ -1,8 +1,9 @@
 //! One transformer stack of the LM on the device — the temporal transformer
 //! or the depformer — as the CPU reference's `Stack::forward`: per layer,
-//! RMSNorm → in-projection → RoPE + KV write → attention → out-projection
-//! added into the residual → RMSNorm → gated feed-forward added into the
-//! residual.
+//! RMSNorm → in-projection (queries, then `kv_heads` keys and values) →
+//! RoPE (interleaved or halves) + KV write → attention (query head `h` over
+//! key/value head `h / kv_repeat`) → out-projection added into the residual
+//! → RMSNorm → gated feed-forward added into the residual.
 //!
 //! Invariants: every GEMM runs once over all rows of the call (masked rows
 //! are zero rows: the norms write zeros for inactive `RowInfo`s and the
@@ -52,10 +53,11 @@ impl StackScratch {
         act: DType,
     ) -> DeviceResult<Self> {
         let dim = shapes.iter().map(|s| s.dim).max().unwrap_or(1);
+        let qkv = shapes.iter().map(|s| s.qkv_dim()).max().unwrap_or(1);
         let hidden = shapes.iter().map(|s| s.hidden).max().unwrap_or(1);
         Ok(StackScratch {
             h: scratch(dev, rows * dim, act)?,
-            qkv: scratch(dev, rows * 3 * dim, DType::F32)?,
+            qkv: scratch(dev, rows * qkv, DType::F32)?,
             attn: scratch(dev, rows * dim, act)?,
             ff: scratch(dev, rows * 2 * hidden, DType::F32)?,
             act: scratch(dev, rows * hidden, act)?,
@@ -90,7 +92,7 @@ impl Stack {
     ) -> Result<Stack, GpuError> {
         let (d, hid) = (shape.dim, shape.hidden);
         let mut layers = Vec::with_capacity(shape.layers);
-        let kv_elems = cache_rows * shape.capacity * d;
+        let kv_elems = cache_rows * shape.capacity * shape.kv_dim();
         for l in 0..shape.layers {
             let p = format!("{prefix}.layers.{l}");
             let norm1 = w.tensor(
@@ -119,7 +121,7 @@ impl Stack {
                     in_proj: w.tensor(
                         dev,
                         &format!("{p}.self_attn.in_projs.{set}.weight"),
-                        &[3 * d, d],
+                        &[shape.qkv_dim(), d],
                         act,
                         lin,
                     )?,
@@ -154,11 +156,11 @@ impl Stack {
                 v_cache: dev.alloc(kv_elems * kv.bytes())?,
             });
         }
-        let freqs = match shape.rope_period {
-            Some(period) => {
-                let hd = d / shape.heads;
+        let freqs = match shape.rope {
+            Some(rope) => {
+                let hd = shape.head_dim();
                 let mut f = vec![0.0f32; hd / 2];
-                moshid_model::ops::rope_freqs(hd, period, &mut f);
+                moshid_model::ops::rope_freqs(hd, rope.period, &mut f);
                 let p = dev.alloc(f.len() * 4)?;
                 dev.upload(p, crate::device::as_bytes(&f))?;
                 p
@@ -203,6 +205,8 @@ impl Stack {
         let attn_shape = AttnShape {
             dim: d,
             heads: sh.heads,
+            kv_heads: sh.kv_heads,
+            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
             capacity: sh.capacity,
             context: sh.context,
             rows,

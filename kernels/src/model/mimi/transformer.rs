@@ -275,6 +275,8 @@ impl GpuTransformer {
         let shape = AttnShape {
             dim: d,
             heads: self.heads,
+            kv_heads: self.heads,
+            rope_interleaved: true,
             capacity: self.context,
             context: self.context,
             rows,
