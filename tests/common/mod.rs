@@ -270,11 +270,6 @@ impl Daemon {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    /// The daemon's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// A temp folder that lives as long as the daemon.
     pub fn temp_dir(&self) -> &Path {
         self.dir.path()
