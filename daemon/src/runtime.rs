@@ -222,6 +222,7 @@ pub fn run(
 ) -> Result<()> {
     let allowed = allowed_cpus();
     let placement = place(&config, &allowed)?;
+    crate::io::fd_limit::raise_and_log(&config);
     // TLS first: a bad certificate fails the start before any thread runs.
     let tls = crate::tls::ServerTls::from_config(&config.listen)?;
     if let Some(t) = &tls {
@@ -419,7 +420,8 @@ fn spawn_core(
             // The first timer of an executor is slow (membarrier registration):
             // take that cost now, not in a session.
             glommio::timer::sleep(Duration::from_millis(1)).await;
-            let listener = match glommio::net::TcpListener::bind(addr) {
+            let backlog = shared.config.listen.backlog;
+            let listener = match crate::io::listener::bind(addr, backlog) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = bound.send(Err(format!(
@@ -432,7 +434,7 @@ fn spawn_core(
             // AudioSocket: one more SO_REUSEPORT listener per core.
             let audiosocket = match audiosocket_addr {
                 None => None,
-                Some(a) => match glommio::net::TcpListener::bind(a) {
+                Some(a) => match crate::io::listener::bind(a, backlog) {
                     Ok(l) => Some(l),
                     Err(e) => {
                         let _ = bound.send(Err(format!(
@@ -446,10 +448,7 @@ fn spawn_core(
                 .as_ref()
                 .map(|l| l.local_addr().unwrap_or(audiosocket_addr.expect("bound")));
             let ctx = CoreContext::new(core, port, engine);
-            let app = CoreApp {
-                ctx: ctx.clone(),
-                shared,
-            };
+            let app = CoreApp::new(ctx.clone(), shared);
             let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
             let mut audiosocket_acceptor = audiosocket.map(|l| {
                 glommio::spawn_local(crate::transport::audiosocket::accept_loop(l, app.clone()))

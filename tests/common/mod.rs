@@ -537,6 +537,10 @@ pub struct SessionLog {
     pub close_frame: Option<(CloseCode, String)>,
     /// A transport error that ended the connection (reset etc.).
     pub transport_error: Option<String>,
+    /// When each frame was sent.
+    pub sent_at: Vec<Instant>,
+    /// When each audio message arrived.
+    pub audio_arrivals: Vec<Instant>,
 }
 
 impl SessionLog {
@@ -796,6 +800,7 @@ impl ChatClient {
         msg.push(kind::AUDIO);
         msg.extend_from_slice(&ogg);
         self.send(Message::Binary(msg.into()));
+        self.log.sent_at.push(Instant::now());
         self.frames_sent += 1;
     }
 
@@ -908,6 +913,7 @@ impl ChatClient {
                         {
                             pcm.extend_from_slice(p);
                         }
+                        self.log.audio_arrivals.push(Instant::now());
                         self.log.audio_payloads.push(payload.to_vec());
                         self.log.audio_pcm.push(pcm);
                     }

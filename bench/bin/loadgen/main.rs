@@ -26,6 +26,9 @@
 //! - daemon CPU per stream-second = utime + stime of the daemon over the step
 //!   / (accepted sessions × audio seconds each).
 //!
+//! `moshid-loadgen soak …` is the soak runner instead: sessions arriving
+//! and leaving at random for a long time (see [`soak`]).
+//!
 //! Module map: [`plan`] (ramp, criteria), [`stream`] (one caller),
 //! [`audio`] (signal, shared encoding, bare-Opus floor), [`daemon`] (spawn,
 //! `/capacity`), [`stats`] (percentiles, answer matching), [`sys`] (/proc),
@@ -35,6 +38,7 @@ mod audio;
 mod daemon;
 mod plan;
 mod report;
+mod soak;
 mod stats;
 mod stream;
 mod sys;
@@ -162,6 +166,10 @@ struct Ctx {
 }
 
 fn main() -> ExitCode {
+    // `moshid-loadgen soak …`: the long run with random arrivals (soak/).
+    if std::env::args().nth(1).as_deref() == Some("soak") {
+        return soak::main();
+    }
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

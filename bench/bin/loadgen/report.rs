@@ -181,7 +181,7 @@ const REFERENCES: [RGBColor; 3] = [
 
 /// Draws `series` (name, points) as lines (with dots if `dots`), and
 /// horizontal reference lines (name, y) in black, orange and purple.
-fn line_chart(
+pub(crate) fn line_chart(
     path: &Path,
     title: &str,
     x_desc: &str,

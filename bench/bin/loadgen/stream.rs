@@ -109,7 +109,7 @@ impl Outcome {
     }
 }
 
-enum Connected {
+pub(crate) enum Connected {
     Ok(Box<WebSocket<TcpStream>>),
     Refused(String),
     Failed(String),
@@ -139,14 +139,14 @@ pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer:
     outcome
 }
 
-fn would_block(e: &tungstenite::Error) -> bool {
+pub(crate) fn would_block(e: &tungstenite::Error) -> bool {
     matches!(e, tungstenite::Error::Io(e)
         if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
 }
 
 /// TCP connect, WebSocket upgrade, then the session handshake (0x00) or a
 /// refusal (0x05 first, or an HTTP error on the upgrade).
-fn connect(url: &str, timeout: Duration) -> Connected {
+pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
     let deadline = Instant::now() + timeout;
     let attempt = || -> Result<Connected> {
         let addr = http_addr(url)?;
@@ -322,7 +322,7 @@ fn session(
 
 /// Waits at most `timeout` (nanosecond resolution, unlike socket timeouts,
 /// which round up to the kernel's tick) for `fd` to be readable.
-fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+pub(crate) fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),

@@ -153,6 +153,20 @@ impl EngineShared {
         })
     }
 
+    /// Every per-session table with its entries, summed over cores (the
+    /// same tables as [`session_state`](Self::session_state); `/metrics`).
+    pub fn session_tables(&self) -> [(&'static str, u64); 5] {
+        let a = self.admission();
+        let sum = |v: &Vec<AtomicU64>| v.iter().map(|x| x.load(Ordering::Relaxed)).sum();
+        [
+            ("held_slots", a.active() as u64),
+            ("pending_params", a.pending_params() as u64),
+            ("engine_open_slots", self.open_slots.load(Ordering::Relaxed)),
+            ("routed", sum(&self.routed_per_core)),
+            ("pending_closes", sum(&self.pending_closes_per_core)),
+        ]
+    }
+
     /// The admission table (a poisoned lock is recovered: the table's
     /// invariants hold between calls, none of which can panic midway).
     pub fn admission(&self) -> std::sync::MutexGuard<'_, AdmissionTable> {

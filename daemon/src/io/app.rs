@@ -5,7 +5,9 @@
 //! it is read-only after start except the core context's own cells.
 
 use super::core::CoreContext;
+use super::pending::{PendingBudget, PendingLimits};
 use crate::config::Config;
+use crate::metrics::connections::PendingCounters;
 use crate::session::params::ModelInfo;
 use moshid_model::spm::PieceTable;
 use std::rc::Rc;
@@ -65,4 +67,30 @@ pub struct CoreApp {
     pub ctx: Rc<CoreContext>,
     /// Daemon-wide values.
     pub shared: Arc<Shared>,
+    /// The core's budget of connections that have not started, shared by
+    /// every listener of the core (see [`PendingBudget`]).
+    pub pending: Rc<PendingBudget>,
+}
+
+impl CoreApp {
+    /// One core's view, with its pending-connection budget (published in
+    /// the metrics registry).
+    pub fn new(ctx: Rc<CoreContext>, shared: Arc<Shared>) -> Self {
+        let l = &shared.config.listen;
+        let limits = PendingLimits {
+            max_per_core: l.pending_per_core(),
+            max_per_ip: l.pending_per_ip(),
+        };
+        let counters = ctx.engine.metrics.register_pending(PendingCounters::new(
+            ctx.core,
+            limits.max_per_core,
+            limits.max_per_ip,
+        ));
+        let pending = PendingBudget::new(ctx.core, limits, counters);
+        CoreApp {
+            ctx,
+            shared,
+            pending,
+        }
+    }
 }

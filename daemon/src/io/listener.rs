@@ -10,25 +10,37 @@
 //! it new connections are closed at once), and so is the number per client
 //! IP address on each core (`listen.max_connections_per_ip`, counted per
 //! core: a client may hold that many on every core) with a table that never
-//! holds more entries than there are open connections; a request head must arrive within
-//! `listen.head_timeout_ms` (after the TLS handshake, which has its own
-//! `listen.tls_handshake_timeout_ms` and runs in the connection's task, not
-//! in the accept loop); endpoints other than `/health`, `/ready` and the
-//! page need the bearer token when one is configured (WebSocket upgrades may
-//! carry it as the `auth_id` query parameter, as browsers cannot set
-//! headers), compared in constant time and never logged. `GET /metrics` serves Prometheus text; `POST
+//! holds more entries than there are open connections. Until its request is
+//! complete — the TLS handshake when the listener serves TLS (bounded by
+//! `listen.tls_handshake_timeout_ms`, run in the connection's task, not in
+//! the accept loop), then the head and body (a Media Streams WebSocket
+//! until its `start` event) — a connection is pending in the core's
+//! [`PendingBudget`](super::pending::PendingBudget): it may be closed to
+//! make room for a newer one, and the request must be complete within
+//! `listen.head_timeout_ms`; after that it is never evicted. Endpoints
+//! other than `/health`, `/ready` and the page need the bearer token when
+//! one is configured (WebSocket upgrades may carry it as the `auth_id`
+//! query parameter, as browsers cannot set headers), compared in constant
+//! time and never logged. `GET /metrics` serves Prometheus text; `POST
 //! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
-//! at run time (unless `metrics.runtime_switch` is false).
+//! at run time (unless `metrics.runtime_switch` is false). Refusals and
+//! accept errors are counted in [`ListenerCounters`] (exported by
+//! `/metrics`) and logged at most once per [`CONNECTION_LOG_PERIOD`].
 
+use super::accept_pace::AcceptPace;
 use super::app::CoreApp;
 use super::conn::Conn;
+use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
+use super::pending::{Pending, PendingEnd};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
+use crate::metrics::connections::{bump, set, ListenerCounters};
 use crate::transport::ws_chat;
 use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Why a connection was closed at once.
@@ -52,10 +64,8 @@ impl std::fmt::Display for ConnRefusal {
     }
 }
 
-/// How often a core logs that it closed connections over a bound.
-const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
-
-/// One core's open connections, in all and per client address.
+/// One listener's open connections on one core, in all and per client
+/// address.
 ///
 /// Bounded: an address has an entry only while it has an open connection
 /// (the entry is removed when its count returns to 0), and at most
@@ -66,8 +76,8 @@ pub struct ConnTable {
     per_ip: RefCell<HashMap<IpAddr, usize>>,
     max_open: usize,
     max_per_ip: usize,
-    refused: Cell<u64>,
-    last_log: Cell<Option<Instant>>,
+    counters: Arc<ListenerCounters>,
+    log: LogGate,
 }
 
 /// One open connection; dropping it gives its place back.
@@ -77,27 +87,36 @@ pub struct ConnGuard {
 }
 
 impl ConnTable {
-    /// A table for `max_open` connections, `max_per_ip` per address (0: no
-    /// per-address limit).
-    pub fn new(max_open: usize, max_per_ip: usize) -> Rc<ConnTable> {
+    /// A table whose bounds and counters are `counters` (`max_open`
+    /// connections, `max_per_ip` per address, 0: no per-address limit).
+    pub fn new(counters: Arc<ListenerCounters>) -> Rc<ConnTable> {
         Rc::new(ConnTable {
             open: Cell::new(0),
             per_ip: RefCell::new(HashMap::new()),
-            max_open,
-            max_per_ip,
-            refused: Cell::new(0),
-            last_log: Cell::new(None),
+            max_open: counters.max_open,
+            max_per_ip: counters.max_per_ip,
+            counters,
+            log: LogGate::new(CONNECTION_LOG_PERIOD),
         })
+    }
+
+    /// The table of listener `name` on `app`'s core, its counters published
+    /// in the metrics registry.
+    pub fn register(
+        app: &CoreApp,
+        name: &'static str,
+        max_open: usize,
+        max_per_ip: usize,
+    ) -> Rc<Self> {
+        let counters = ListenerCounters::new(app.ctx.core, name, max_open, max_per_ip);
+        Self::new(app.ctx.engine.metrics.register_listener(counters))
     }
 
     /// Takes a place for a connection from `ip`, or says why there is none.
     pub fn try_open(self: &Rc<Self>, ip: IpAddr) -> Result<ConnGuard, ConnRefusal> {
-        let refuse = |r| {
-            self.refused.set(self.refused.get() + 1);
-            Err(r)
-        };
         if self.open.get() >= self.max_open {
-            return refuse(ConnRefusal::CoreFull);
+            bump(&self.counters.refused_full);
+            return Err(ConnRefusal::CoreFull);
         }
         let mut key = None;
         if self.max_per_ip > 0 {
@@ -106,12 +125,17 @@ impl ConnTable {
             let mut map = self.per_ip.borrow_mut();
             let count = map.entry(ip).or_insert(0);
             if *count >= self.max_per_ip {
-                return refuse(ConnRefusal::AddressFull);
+                // (An existing entry: `max_per_ip` ≥ 1.)
+                bump(&self.counters.refused_address);
+                return Err(ConnRefusal::AddressFull);
             }
             *count += 1;
             key = Some(ip);
+            set(&self.counters.addresses, map.len());
         }
         self.open.set(self.open.get() + 1);
+        set(&self.counters.open, self.open.get());
+        bump(&self.counters.accepted);
         Ok(ConnGuard {
             table: self.clone(),
             ip: key,
@@ -130,19 +154,42 @@ impl ConnTable {
 
     /// Connections refused since start.
     pub fn refused(&self) -> u64 {
-        self.refused.get()
+        self.counters.refused()
     }
 
-    /// Whether a refusal should be logged now (at most every [`REFUSAL_LOG_PERIOD`]).
-    fn log_due(&self, now: Instant) -> bool {
-        let due = self
-            .last_log
-            .get()
-            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD);
-        if due {
-            self.last_log.set(Some(now));
+    /// Counts a connection closed at once because its address may not
+    /// connect, and logs it (bounded).
+    pub fn refuse_not_allowed(&self, core: usize, ip: IpAddr, why: &dyn std::fmt::Display) {
+        bump(&self.counters.refused_not_allowed);
+        self.log_refusal(core, ip, why);
+    }
+
+    /// Logs a refusal at most once per [`CONNECTION_LOG_PERIOD`], with the
+    /// total so far.
+    pub fn log_refusal(&self, core: usize, ip: IpAddr, why: &dyn std::fmt::Display) {
+        if self.log.due(Instant::now()) {
+            eprintln!(
+                "<4>core {core}: closed a {} connection from {ip}: {why} ({} refused since start; logged at most every {} s)",
+                self.counters.listener,
+                self.refused(),
+                self.log.period_secs()
+            );
         }
-        due
+    }
+
+    /// Counts a failed `accept` and logs it (bounded).
+    pub fn accept_failed(&self, core: usize, e: &dyn std::fmt::Display) {
+        bump(&self.counters.accept_errors);
+        if self.log.due(Instant::now()) {
+            eprintln!(
+                "<4>core {core}: {} accept failed: {e} ({} since start; logged at most every {} s)",
+                self.counters.listener,
+                self.counters
+                    .accept_errors
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                self.log.period_secs()
+            );
+        }
     }
 }
 
@@ -150,6 +197,7 @@ impl Drop for ConnGuard {
     fn drop(&mut self) {
         let t = &self.table;
         t.open.set(t.open.get() - 1);
+        set(&t.counters.open, t.open.get());
         if let Some(ip) = self.ip {
             let mut map = t.per_ip.borrow_mut();
             if let Some(count) = map.get_mut(&ip) {
@@ -158,19 +206,51 @@ impl Drop for ConnGuard {
                     map.remove(&ip);
                 }
             }
+            set(&t.counters.addresses, map.len());
         }
     }
+}
+
+/// A listening socket on `addr` for this executor: `SO_REUSEPORT` (every
+/// I/O core binds the same address; the kernel spreads connections) and an
+/// accept queue of `backlog` (glommio's own `bind` fixes it at 1024).
+pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    // SAFETY: the descriptor is a bound, listening TCP socket whose only
+    // owner was `socket`; `into_raw_fd` gives that ownership to the listener.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }
 
 /// Accepts connections until the task is cancelled.
 pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let l = &app.shared.config.listen;
-    let table = ConnTable::new(l.max_connections_per_core, l.max_connections_per_ip);
+    let table = ConnTable::register(
+        &app,
+        "http",
+        l.max_connections_per_core,
+        l.connections_per_ip(),
+    );
+    let core = app.ctx.core;
+    let pace = AcceptPace::default();
     loop {
         let stream = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                // A flood must not hold the rest of the core off.
+                pace.accepted().await;
+                s
+            }
             Err(e) => {
-                eprintln!("<4>core {}: accept failed: {e}", app.ctx.core);
+                table.accept_failed(core, &e);
                 glommio::timer::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -184,39 +264,45 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
             Err(refusal) => {
                 // Over a bound: close at once rather than queue.
                 drop(stream);
-                if table.log_due(Instant::now()) {
-                    eprintln!(
-                        "<4>core {}: closed a connection from {}: {refusal} ({} refused since start; logged at most every {} s)",
-                        app.ctx.core,
-                        peer.ip(),
-                        table.refused(),
-                        REFUSAL_LOG_PERIOD.as_secs()
-                    );
-                }
+                table.log_refusal(core, peer.ip(), &refusal);
                 continue;
             }
         };
+        // Not started until its request is complete.
+        let pending = app.pending.admit(peer.ip());
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         glommio::spawn_local(async move {
             let _guard = guard;
+            // The TLS handshake is part of the pending phase: one call puts
+            // it under the core's budget (evictable, counted).
             let stream = match &app.shared.tls {
                 None => Conn::Plain(stream),
-                Some(tls) => match tls.accept(stream).await {
-                    Ok(crate::tls::Accepted::Tls(s)) => s,
-                    Ok(crate::tls::Accepted::Plaintext(s)) => {
-                        let timeout =
-                            Duration::from_millis(app.shared.config.listen.head_timeout_ms);
-                        crate::tls::answer_plaintext(s, &limits(&app), timeout).await;
-                        return;
+                Some(tls) => {
+                    // tls.accept has its own deadline (and error); this one
+                    // only backs it up.
+                    let backstop = Duration::from_millis(
+                        app.shared.config.listen.tls_handshake_timeout_ms + 1_000,
+                    );
+                    match pending.within(backstop, tls.accept(stream)).await {
+                        Ok(Ok(crate::tls::Accepted::Tls(s))) => s,
+                        Ok(Ok(crate::tls::Accepted::Plaintext(s))) => {
+                            pending.complete();
+                            let timeout =
+                                Duration::from_millis(app.shared.config.listen.head_timeout_ms);
+                            crate::tls::answer_plaintext(s, &limits(&app), timeout).await;
+                            return;
+                        }
+                        Ok(Err(e)) => {
+                            crate::tls::note_handshake_failure(app.ctx.core, peer.ip(), &e);
+                            return;
+                        }
+                        // Evicted or timed out: counted by the budget.
+                        Err(_) => return,
                     }
-                    Err(e) => {
-                        crate::tls::note_handshake_failure(app.ctx.core, peer.ip(), &e);
-                        return;
-                    }
-                },
+                }
             };
-            handle_connection(stream, app).await;
+            handle_connection(stream, app, pending).await;
         })
         .detach();
     }
@@ -260,6 +346,27 @@ fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
         })
 }
 
+fn is_public(head: &RequestHead) -> bool {
+    matches!(head.path.as_str(), "/health" | "/ready") || crate::web::is_public(&head.path)
+}
+
+/// The whole request: its head and, when it has one and will be answered
+/// (authorized, not an upgrade), its body, which then waits in `buf` for
+/// [`http::read_body`] (which returns it at once).
+async fn read_request(
+    stream: &mut Conn,
+    buf: &mut Vec<u8>,
+    limits: &HeadLimits,
+    app: &CoreApp,
+) -> Result<RequestHead, HttpError> {
+    let head = http::read_head(stream, buf, limits).await?;
+    let has_body = head.content_length.unwrap_or(0) > 0 && !head.is_websocket_upgrade();
+    if has_body && (is_public(&head) || authorized(app, &head)) {
+        http::read_body(stream, &head, buf, limits).await?;
+    }
+    Ok(head)
+}
+
 /// A session's query parameters, less the token.
 fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError> {
     let mut q = head.query_pairs()?;
@@ -267,23 +374,40 @@ fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError>
     Ok(q)
 }
 
-async fn handle_connection(mut stream: Conn, app: CoreApp) {
+async fn handle_connection(mut stream: Conn, app: CoreApp, pending: Pending) {
     let limits = limits(&app);
     let mut buf = Vec::new();
     let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
-    let head = match http::deadline(timeout, http::read_head(&mut stream, &mut buf, &limits)).await
-    {
-        Ok(h) => h,
-        Err(e) => {
+    let request = pending
+        .within(timeout, read_request(&mut stream, &mut buf, &limits, &app))
+        .await;
+    let head = match request {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            pending.complete();
             if !matches!(e, HttpError::ClosedBeforeHead { .. }) {
                 let _ = http::respond_error(&mut stream, &e).await;
             }
             return;
         }
+        Err(PendingEnd::TimedOut) => {
+            let _ = http::respond_error(&mut stream, &HttpError::Timeout).await;
+            return;
+        }
+        // Closed to make room for a newer connection: no answer.
+        Err(PendingEnd::Evicted) => return,
     };
-    let public =
-        matches!(head.path.as_str(), "/health" | "/ready") || crate::web::is_public(&head.path);
-    if !public && !authorized(&app, &head) {
+    // Started, except a Media Streams WebSocket, which is pending until its
+    // `start` event.
+    let media_stream = head.method == "GET"
+        && head.path == "/v1/media-stream"
+        && app.shared.config.media_streams.enabled
+        && head.is_websocket_upgrade();
+    let mut pending = Some(pending);
+    if !media_stream {
+        pending.take().expect("not taken yet").complete();
+    }
+    if !is_public(&head) && !authorized(&app, &head) {
         let _ = http::write_error(&mut stream, 401, "missing or wrong bearer token").await;
         return;
     }
@@ -327,10 +451,13 @@ async fn handle_connection(mut stream: Conn, app: CoreApp) {
             };
             let max = app.shared.config.session.max_message_bytes;
             let config = http::ws_config(max, max);
+            let Some(pending) = pending else {
+                return;
+            };
             if let Ok(ws) =
                 http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
             {
-                crate::transport::media_streams::run(ws, app, query).await;
+                crate::transport::media_streams::run(ws, app, query, pending).await;
             }
         }
         Err(e) => {
@@ -476,12 +603,20 @@ async fn route(
 
 #[cfg(test)]
 mod tests {
-    use super::{constant_time_eq, ConnRefusal, ConnTable};
+    use super::{constant_time_eq, ConnRefusal, ConnTable, ListenerCounters};
     use std::net::IpAddr;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    fn table(max_open: usize, max_per_ip: usize) -> Rc<ConnTable> {
+        ConnTable::new(Arc::new(ListenerCounters::new(
+            0, "test", max_open, max_per_ip,
+        )))
+    }
 
     #[test]
     fn per_address_limit_with_a_bounded_table() {
-        let t = ConnTable::new(4, 2);
+        let t = table(4, 2);
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let a_mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
@@ -510,7 +645,7 @@ mod tests {
 
     #[test]
     fn no_per_address_limit_keeps_no_table() {
-        let t = ConnTable::new(3, 0);
+        let t = table(3, 0);
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let guards: Vec<_> = (0..3).map(|_| t.try_open(ip).unwrap()).collect();
         assert_eq!(t.addresses(), 0);

@@ -23,7 +23,10 @@
 //!   `moshid_active_sessions`, `moshid_free_slots`, `moshid_accepting`,
 //!   `moshid_group_sessions{group}`, `moshid_group_free_slots{group}`,
 //!   `moshid_sessions_{admitted,refused}_total`, `moshid_engine_*` (read
-//!   from `EngineShared` and the admission table at scrape time).
+//!   from `EngineShared` and the admission table at scrape time),
+//!   `moshid_session_table_entries{table}` (every per-session table's size)
+//!   and the connection series `moshid_connections_*` (see
+//!   [`super::connections`]).
 //!
 //! Invariants: nothing here runs on the hot path; scrapes are serialised
 //! (one mutex) so that absolute values never go backwards between two
@@ -80,6 +83,11 @@ impl Exporter {
 
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge};
+    super::connections::describe();
+    describe_gauge!(
+        "moshid_session_table_entries",
+        "Entries of each per-session table (all 0 when no session is open: leak checks)"
+    );
     describe_gauge!(
         "moshid_metrics_enabled",
         "1 while stage metrics are recorded (POST /admin/metrics)"
@@ -233,6 +241,13 @@ pub fn render(shared: &EngineShared) -> String {
         counter!("moshid_engine_lost_outputs_total").absolute(stats.lost_outputs);
         counter!("moshid_engine_faults_total").absolute(stats.faults);
         gauge!("moshid_engine_max_batch").set(stats.max_batch as f64);
+        for (table, entries) in shared.session_tables() {
+            gauge!("moshid_session_table_entries", "table" => table).set(entries as f64);
+        }
+        {
+            let conns = registry.connections();
+            super::connections::record(&conns.listeners, &conns.pending);
+        }
 
         let per_thread = snaps.iter().map(|s| {
             (

@@ -28,6 +28,7 @@
 //!   frame pushed while off carries no timestamp, so it adds no `frame_wait`
 //!   sample even if the switch is on when it is stepped.
 
+pub mod connections;
 pub mod export;
 pub mod histogram;
 pub mod stages;
@@ -42,7 +43,18 @@ use std::time::Instant;
 pub struct Registry {
     enabled: AtomicBool,
     threads: Mutex<Vec<Arc<StageCounters>>>,
+    /// Always-on connection counters of every core (see [`connections`]).
+    connections: Mutex<ConnectionCounters>,
     exporter: OnceLock<export::Exporter>,
+}
+
+/// Every core's listener and pending-budget counters.
+#[derive(Default)]
+pub struct ConnectionCounters {
+    /// One per listener per core.
+    pub listeners: Vec<Arc<connections::ListenerCounters>>,
+    /// One per core.
+    pub pending: Vec<Arc<connections::PendingCounters>>,
 }
 
 impl Default for Registry {
@@ -57,6 +69,7 @@ impl Registry {
         Registry {
             enabled: AtomicBool::new(enabled),
             threads: Mutex::new(Vec::new()),
+            connections: Mutex::new(ConnectionCounters::default()),
             exporter: OnceLock::new(),
         }
     }
@@ -95,6 +108,32 @@ impl Registry {
     /// Every published thread's counters, read now (scrape time).
     pub fn snapshots(&self) -> Vec<ThreadSnapshot> {
         self.lock().iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// Publishes a listener's connection counters (once per listener per
+    /// core, at start; allocates).
+    pub fn register_listener(
+        &self,
+        counters: connections::ListenerCounters,
+    ) -> Arc<connections::ListenerCounters> {
+        let c = Arc::new(counters);
+        self.connections().listeners.push(c.clone());
+        c
+    }
+
+    /// Publishes a core's pending-budget counters (once per core, at start).
+    pub fn register_pending(
+        &self,
+        counters: connections::PendingCounters,
+    ) -> Arc<connections::PendingCounters> {
+        let c = Arc::new(counters);
+        self.connections().pending.push(c.clone());
+        c
+    }
+
+    /// The connection counters (scrape time).
+    pub fn connections(&self) -> std::sync::MutexGuard<'_, ConnectionCounters> {
+        self.connections.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This registry's Prometheus exporter (made on first use).

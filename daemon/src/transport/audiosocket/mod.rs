@@ -19,7 +19,10 @@
 //! carries no credentials, so a listener off loopback requires
 //! `audiosocket.allowed_peers` (Asterisk's addresses); other peers are
 //! closed at once, as are connections beyond
-//! `audiosocket.max_connections_per_core`.
+//! `audiosocket.max_connections_per_core`. Until its UUID message has come
+//! a call is pending in the core's connection budget, shared with the other
+//! listeners (`listen.max_pending_per_core`): it may be closed to make room
+//! for a newer connection.
 //!
 //! Invariants: one task per connection; no state is shared between calls
 //! but the core's context; a malformed message ends only its own call
@@ -31,15 +34,12 @@ pub mod link;
 pub mod protocol;
 pub mod session;
 
+use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
 use crate::io::listener::ConnTable;
 use glommio::net::TcpListener;
-use std::cell::Cell;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
-
-/// How often a core logs that it closed AudioSocket connections.
-const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+use std::time::Duration;
 
 /// Whether `ip` may open a call (`allowed` empty: anyone who can reach the
 /// listener, which validation restricts to loopback).
@@ -64,32 +64,24 @@ pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
 }
 
 /// Accepts AudioSocket connections on this core until the task is cancelled.
+///
+/// A call is pending in the core's budget (see
+/// [`PendingBudget`](crate::io::pending::PendingBudget)) until its UUID
+/// message has come.
 pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let cfg = &app.shared.config.audiosocket;
-    let table = ConnTable::new(cfg.max_connections_per_core, 0);
-    let refused = Cell::new(0u64);
-    let last_log: Cell<Option<Instant>> = Cell::new(None);
-    let log_refusal = |why: &dyn std::fmt::Display, peer: IpAddr| {
-        refused.set(refused.get() + 1);
-        let now = Instant::now();
-        if last_log
-            .get()
-            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_PERIOD)
-        {
-            last_log.set(Some(now));
-            eprintln!(
-                "<4>core {}: closed an AudioSocket connection from {peer}: {why} ({} refused since start; logged at most every {} s)",
-                app.ctx.core,
-                refused.get(),
-                REFUSAL_LOG_PERIOD.as_secs()
-            );
-        }
-    };
+    let table = ConnTable::register(&app, "audiosocket", cfg.max_connections_per_core, 0);
+    let core = app.ctx.core;
+    let pace = AcceptPace::default();
     loop {
         let stream = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                // A flood must not hold the rest of the core off.
+                pace.accepted().await;
+                s
+            }
             Err(e) => {
-                eprintln!("<4>core {}: AudioSocket accept failed: {e}", app.ctx.core);
+                table.accept_failed(core, &e);
                 glommio::timer::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -99,25 +91,27 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
         };
         if !peer_allowed(&cfg.allowed_peers, peer.ip()) {
             drop(stream);
-            log_refusal(&"not in audiosocket.allowed_peers", peer.ip());
+            table.refuse_not_allowed(core, peer.ip(), &"not in audiosocket.allowed_peers");
             continue;
         }
         let guard = match table.try_open(peer.ip()) {
             Ok(g) => g,
             Err(_) => {
                 drop(stream);
-                log_refusal(
-                    &"audiosocket.max_connections_per_core reached on this core",
+                table.log_refusal(
+                    core,
                     peer.ip(),
+                    &"audiosocket.max_connections_per_core reached on this core",
                 );
                 continue;
             }
         };
+        let pending = app.pending.admit(peer.ip());
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         glommio::spawn_local(async move {
             let _guard = guard;
-            session::run(stream, peer, app).await;
+            session::run(stream, peer, app, pending).await;
         })
         .detach();
     }

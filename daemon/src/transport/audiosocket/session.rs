@@ -1,7 +1,8 @@
 //! One AudioSocket call, on the I/O core that accepted its connection.
 //!
 //! Order: the UUID must be the first message (within
-//! `audiosocket.uuid_timeout_ms`); then the slot is taken (parameters from
+//! `audiosocket.uuid_timeout_ms`; until then the connection is pending in
+//! the core's budget and may be closed for a newer one); then the slot is taken (parameters from
 //! `audiosocket.params`); the first audio message fixes the call's kind and
 //! rate, builds the line's audio path and starts the pacer. From then on
 //! one 20 ms packet of the same kind goes out per pacing tick — the
@@ -38,6 +39,7 @@ use super::protocol::{self, error_code, kind, Frame, FrameError, HEADER_BYTES};
 use crate::events::SessionState;
 use crate::io::app::CoreApp;
 use crate::metrics::Stage;
+use crate::io::pending::{Pending, PendingEnd};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::FRAME_SAMPLES;
@@ -133,7 +135,14 @@ enum Input {
 }
 
 /// Runs one AudioSocket connection to its end and returns its record.
-pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRecord {
+/// `pending` is its place in the core's budget of connections that have
+/// not started; the call starts with its UUID message.
+pub async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: CoreApp,
+    pending: Pending,
+) -> SessionRecord {
     let shared = app.shared.clone();
     let cfg = &shared.config;
     let mut rec = SessionRecord::start(shared.session_id(), "audiosocket");
@@ -149,22 +158,29 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
     };
 
     // The UUID comes first.
-    let uuid = match await_uuid(
-        &mut io,
-        Duration::from_millis(cfg.audiosocket.uuid_timeout_ms),
-        max_payload,
-    )
-    .await
+    let uuid_timeout = Duration::from_millis(cfg.audiosocket.uuid_timeout_ms);
+    let uuid = match pending
+        .handshake(uuid_timeout, await_uuid(&mut io, max_payload))
+        .await
     {
-        Ok(Some(id)) => id,
-        Ok(None) => {
+        Ok(Ok(Some(id))) => id,
+        Ok(Ok(None)) => {
             rec.end(EndReason::ClientClosed);
             return finish_early(io, rec, None, peer).await;
         }
-        Err((reason, code)) => {
+        Ok(Err((reason, code))) => {
             rec.end(reason);
             return finish_early(io, rec, code, peer).await;
         }
+        Err(PendingEnd::TimedOut) => {
+            rec.end(EndReason::ProtocolError(
+                "no UUID message within audiosocket.uuid_timeout_ms".into(),
+            ));
+            return finish_early(io, rec, Some(error_code::UUID_TIMEOUT), peer).await;
+        }
+        // Closed to make room for a newer connection: no answer, no log
+        // line (the core's budget counts and logs evictions).
+        Err(PendingEnd::Evicted) => return rec,
     };
     let pairs: Vec<(String, String)> = cfg
         .audiosocket
@@ -213,13 +229,12 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, app: CoreApp) -> SessionRe
 }
 
 /// Reads until the first message: `Some(uuid)`, `None` when Asterisk hung
-/// up or closed first, or the end reason and the code to send.
+/// up or closed first, or the end reason and the code to send. No deadline
+/// inside: the caller's handshake bounds it.
 async fn await_uuid(
     io: &mut Io,
-    timeout: Duration,
     max_payload: usize,
 ) -> Result<Option<[u8; 16]>, (EndReason, Option<u8>)> {
-    let deadline = Instant::now() + timeout;
     loop {
         match protocol::parse(&io.rx[io.start..io.end], max_payload) {
             Err(e) => return Err(protocol_error(e)),
@@ -237,23 +252,11 @@ async fn await_uuid(
             Ok(None) => {}
         }
         io.compact();
-        let left = deadline.saturating_duration_since(Instant::now());
         let end = io.end;
-        let read =
-            glommio::timer::timeout(left, async { Ok(io.stream.read(&mut io.rx[end..]).await) })
-                .await;
-        match read {
-            Err(_) => {
-                return Err((
-                    EndReason::ProtocolError(
-                        "no UUID message within audiosocket.uuid_timeout_ms".into(),
-                    ),
-                    Some(error_code::UUID_TIMEOUT),
-                ))
-            }
-            Ok(Ok(0)) => return Ok(None),
-            Ok(Ok(n)) => io.end += n,
-            Ok(Err(e)) => return Err((classify_io(e), None)),
+        match io.stream.read(&mut io.rx[end..]).await {
+            Ok(0) => return Ok(None),
+            Ok(n) => io.end += n,
+            Err(e) => return Err((classify_io(e), None)),
         }
     }
 }

@@ -4,6 +4,9 @@
 //! other event is a protocol error. `start` names the stream, its format
 //! (G.711 at 8 kHz, mono) and its `customParameters` (session parameters,
 //! over the URL's query); then the slot is taken and the pacer starts.
+//! Until `start` the connection holds no slot and is pending in the core's
+//! connection budget (`listen.max_pending_per_core`): a newer connection
+//! may close it to make room.
 //!
 //! One task per stream waits on whichever comes first — a message, an
 //! answer from the engine, the next packet time. The model's audio goes out
@@ -42,6 +45,7 @@ use crate::events::SessionState;
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::metrics::Stage;
+use crate::io::pending::{Pending, PendingEnd};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::telephony::g711::Law;
@@ -130,7 +134,14 @@ struct Started {
 }
 
 /// Runs one `/v1/media-stream` connection to its end and returns its record.
-pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> SessionRecord {
+/// `pending` is its place in the core's budget of connections that have
+/// not started: the stream starts with its `start` event.
+pub async fn run(
+    mut ws: Ws,
+    app: CoreApp,
+    query: Vec<(String, String)>,
+    pending: Pending,
+) -> SessionRecord {
     let shared = app.shared.clone();
     let cfg = &shared.config;
     let mut rec = SessionRecord::start(shared.session_id(), "media_stream");
@@ -139,12 +150,22 @@ pub async fn run(mut ws: Ws, app: CoreApp, query: Vec<(String, String)>) -> Sess
         .tcp()
         .set_write_timeout(Some(Duration::from_millis(cfg.session.send_timeout_ms)));
     let idle = Duration::from_millis(cfg.session.idle_timeout_ms);
-    let started = match await_start(&mut ws, idle, query).await {
-        Ok(s) => s,
-        Err(reason) => {
+    let started = match pending
+        .handshake(idle, await_start(&mut ws, idle, query))
+        .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(reason)) => {
             rec.end(reason);
             return finish_early(ws, rec, None, &app).await;
         }
+        Err(PendingEnd::TimedOut) => {
+            rec.end(EndReason::IdleTimeout);
+            return finish_early(ws, rec, None, &app).await;
+        }
+        // Closed to make room for a newer connection: no answer, no log
+        // line (the core's budget counts and logs evictions).
+        Err(PendingEnd::Evicted) => return rec,
     };
     let params = session_params(&started.params, &cfg.defaults, &shared.model_info)
         .map_err(|e| e.to_string())
