@@ -11,7 +11,7 @@ use common::*;
 use moshid::codec::{EncoderConfig, OggOpusEncoder};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 use tungstenite::protocol::frame::coding::CloseCode;
@@ -72,23 +72,13 @@ fn concurrent_streams_are_batched_and_complete() {
     let daemon = Daemon::start(&[], Some(CHAT_CONFIG));
     let before = daemon.capacity();
     assert_eq!(before["engine"]["steps"], 0, "{before:#}");
-    let barrier = Arc::new(Barrier::new(STREAMS));
     let addr = daemon.addr;
-    let threads: Vec<_> = (0..STREAMS)
-        .map(|i| {
-            let barrier = barrier.clone();
-            thread::spawn(move || {
-                let client = ChatClient::start(addr, &format!("seed={}", 1000 + i));
-                // Every stream is admitted before any sends: their frames overlap.
-                barrier.wait();
-                client.run(&signal(i as u32, FRAMES), Pace::RealTime)
-            })
-        })
-        .collect();
-    let logs: Vec<SessionLog> = threads
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .collect();
+    // Every stream is admitted before any sends: their frames overlap.
+    let logs: Vec<SessionLog> = start_together(
+        STREAMS,
+        move |i| ChatClient::start(addr, &format!("seed={}", 1000 + i)),
+        |i, client| client.run(&signal(i as u32, FRAMES), Pace::RealTime),
+    );
     for (i, log) in logs.iter().enumerate() {
         log.assert_complete(FRAMES, &format!("stream {i}"));
         assert!(!log.texts.is_empty(), "stream {i}: no text");

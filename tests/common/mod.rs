@@ -731,6 +731,63 @@ pub enum NotStarted {
     Unexpected(Vec<u8>),
 }
 
+/// Runs `n` clients on threads that all start (connect and are admitted)
+/// before any of them runs, so that their frames overlap. A client that
+/// cannot start (a refusal, a dead daemon) fails the test with its own
+/// panic instead of leaving the others waiting for it forever.
+pub fn start_together<C, R>(
+    n: usize,
+    start: impl Fn(usize) -> C + Send + Sync + 'static,
+    run: impl Fn(usize, C) -> R + Send + Sync + 'static,
+) -> Vec<R>
+where
+    R: Send + 'static,
+{
+    let start = Arc::new(start);
+    let run = Arc::new(run);
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let mut go = Vec::with_capacity(n);
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            go.push(go_tx);
+            let (start, run, started_tx) = (start.clone(), run.clone(), started_tx.clone());
+            thread::spawn(move || {
+                let client = start(i);
+                let _ = started_tx.send(());
+                // A closed channel: another client failed to start.
+                go_rx.recv().ok().map(|()| run(i, client))
+            })
+        })
+        .collect();
+    drop(started_tx);
+    let mut started = 0;
+    while started < n {
+        match started_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) => started += 1,
+            // A thread that ended before it started has panicked: its
+            // join below reports why.
+            Err(_) if threads.iter().any(|t| t.is_finished()) => break,
+            Err(_) => {}
+        }
+    }
+    if started == n {
+        for g in &go {
+            let _ = g.send(());
+        }
+    }
+    drop(go);
+    let results: Vec<Option<R>> = threads
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.join().unwrap_or_else(|_| panic!("client {i} failed")))
+        .collect();
+    results
+        .into_iter()
+        .map(|r| r.expect("every client started"))
+        .collect()
+}
+
 /// A minimal chat client on one blocking socket: sends real Ogg Opus,
 /// records what comes back in a [`SessionLog`].
 pub struct ChatClient {
