@@ -190,12 +190,13 @@ mod tests {
         // The published stacked names are what the file holds (`check`
         // above validated every per-step name cut from them by shape).
         let ck = Checkpoint::open_header(&lm).unwrap();
-        assert!(ck.tensors().any(|(n, s)| n
-            == "transformer.layers.31.self_attn.in_proj_weight"
-            && s == [3 * 4096, 4096]));
-        assert!(ck.tensors().any(|(n, s)| n
-            == "depformer.layers.5.self_attn.in_proj_weight"
-            && s == [8 * 3 * 1024, 1024]));
+        assert!(ck.tensors().any(
+            |(n, s)| n == "transformer.layers.31.self_attn.in_proj_weight" && s == [3 * 4096, 4096]
+        ));
+        assert!(ck
+            .tensors()
+            .any(|(n, s)| n == "depformer.layers.5.self_attn.in_proj_weight"
+                && s == [8 * 3 * 1024, 1024]));
         assert!(!ck.tensors().any(|(n, _)| n.contains(".in_projs.")));
     }
 
