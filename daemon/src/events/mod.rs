@@ -1,6 +1,6 @@
 //! Every session's text and events, live: Server-Sent Events on
-//! `GET /v1/sessions/{id}/events` for any transport (WebSocket chat, RTP —
-//! and so SIP —, AudioSocket, Media Streams), and the final record with
+//! `GET /v1/sessions/{id}/events` for any transport (WebSocket chat, RTP,
+//! AudioSocket, Media Streams), and the final record with
 //! the whole text to a webhook.
 //!
 //! The shape:

@@ -4,7 +4,7 @@
 //! first request or handshake: the HTTP request (head and body), the
 //! WebSocket upgrade request (and, for Media Streams, the `start` event),
 //! the AudioSocket UUID — and whatever a listener puts in front of these
-//! (a TLS handshake, the first SIP message over TCP). A pending connection
+//! (a TLS handshake). A pending connection
 //! holds no slot and has shown nothing; a flood of them must not lock real
 //! clients out. Every listener of an I/O core therefore puts its new
 //! connections into the core's one budget and runs the handshake through
@@ -12,7 +12,7 @@
 //!
 //! ```ignore
 //! let pending = app.pending.admit(peer.ip()); // at accept (may close the oldest)
-//! // in the connection's task; TLS, HTTP head, first SIP message, …:
+//! // in the connection's task; TLS, HTTP head, …:
 //! let head = match pending.handshake(timeout, read_head(&mut stream, &mut buf, &limits)).await {
 //!     Ok(head) => head,                 // started: leaves the budget, never evicted
 //!     Err(_evicted_or_timed_out) => return, // close without an answer
