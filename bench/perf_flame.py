@@ -7,7 +7,10 @@ Usage:
 Writes OUT_DIR/flame.svg (a static flame graph: width = share of samples,
 root at the bottom), OUT_DIR/folded.txt (one `frame;frame;... count` line per
 distinct stack, the format flamegraph tools exchange) and OUT_DIR/top.txt
-(self and total share of the heaviest functions). `--thread` keeps only the
+(self and total share of the heaviest functions), OUT_DIR/breakdown.txt
+(each sample counted once, in the first of moshid's cost categories its
+stack falls in: libopus, WebSocket read/write, reactor, ...). `--thread`
+keeps only the
 samples of threads whose name contains SUBSTR (e.g. `moshid-io`).
 """
 
@@ -51,6 +54,36 @@ def parse(lines, thread_filter):
         frames.append(sym or "[unknown]")
     if header not in (None, "__skip__") and frames:
         yield header, frames[::-1]
+
+
+# Cost categories, first match wins (substrings of the folded stack).
+CATEGORIES = [
+    ("opus encode", ["opus_encode_float"]),
+    ("opus decode", ["opus_decode_float"]),
+    ("libopus, caller not unwound", ["[libopus]"]),
+    ("Ogg pages (CRC, reader, writer)", ["ogg_page_crc", "OggPageWriter", "OggPacketReader"]),
+    ("WebSocket read: zero-fill of tungstenite's read buffer", ["BytesMut::resize"]),
+    ("WebSocket read (tungstenite, recv)", ["WebSocketContext::read", "poll_next"]),
+    ("WebSocket write (framing, send)", ["start_send", "poll_flush", "WebSocketContext::write",
+                                         "write_all", "poll_write", "write_wire", "WsOut"]),
+    ("lanes and mailboxes", ["send_frame", "dispatch", "Mailbox", "rtrb"]),
+    ("glommio reactor, park and wake", ["Reactor::react", "Parker::park"]),
+    ("timers", ["timer::"]),
+    ("session events", ["events::"]),
+]
+
+
+def breakdown(folded, total):
+    counts = Counter()
+    for stack, n in folded.items():
+        joined = ";".join(stack)
+        for name, keys in CATEGORIES:
+            if any(k in joined for k in keys):
+                counts[name] += n
+                break
+        else:
+            counts["other"] += n
+    return "".join(f"{100.0 * n / total:6.2f}%  {name}\n" for name, n in counts.most_common())
 
 
 def short(name):
@@ -147,6 +180,9 @@ def main():
         f.write("\ntotal%  function (anywhere on the stack)\n")
         for name, n in total_c.most_common(60):
             f.write(f"{100.0 * n / total:6.2f}  {name}\n")
+    with open(f"{out_dir}/breakdown.txt", "w") as f:
+        f.write(f"{total} samples{' of threads ~' + thread if thread else ''}\n")
+        f.write(breakdown(folded, total))
     svg(folded, total, f"{out_dir}/flame.svg",
         f"moshid under moshid-loadgen: {total} samples" + (f", threads ~{thread}" if thread else ""))
 
