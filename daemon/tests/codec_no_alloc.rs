@@ -16,11 +16,11 @@ mod events_rig;
 use alloc_count::count_allocations;
 
 use codec_common::*;
-use moshid::transport::ws_out::{self, WsOut};
 use moshid::codec::{
     CodecError, DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder,
     DEFAULT_CUTTER_CAPACITY_SAMPLES, FRAME_SAMPLES,
 };
+use moshid::transport::ws_out::{self, WsOut};
 
 #[test]
 fn the_counter_sees_allocations() {
@@ -46,9 +46,8 @@ fn steady_state_does_not_allocate() {
     let mut encoder = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
     let mut frame = [0f32; FRAME_SAMPLES];
     let max_frame_bytes = encoder.max_output_bytes_per_frame();
-    let mut wire = WsOut::with_capacity(
-        ws_out::message_bytes(max_frame_bytes) + ws_out::message_bytes(64),
-    );
+    let mut wire =
+        WsOut::with_capacity(ws_out::message_bytes(max_frame_bytes) + ws_out::message_bytes(64));
     let (mut frames, mut sent_bytes) = (0usize, 0usize);
     let mut events = events_rig::EventsRig::new();
     // Warm-up of the subscriber's SSE buffer path.

@@ -31,8 +31,7 @@ pub fn demo_answers(
 ) -> Result<Vec<Vec<[f32; FRAME_SAMPLES]>>> {
     let dir = moshid_model::demo::ensure_demo(cache_dir)
         .with_context(|| format!("the demo checkpoint under {}", cache_dir.display()))?;
-    let mut model =
-        CpuModel::load(&dir, streams).map_err(|e| anyhow!("loading the demo: {e}"))?;
+    let mut model = CpuModel::load(&dir, streams).map_err(|e| anyhow!("loading the demo: {e}"))?;
     let info = ModelInfo {
         conditioners: Vec::new(),
         is_hibiki: false,

@@ -521,9 +521,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     let encoder = &mut self.buf.encoder;
                     let pcm = &self.buf.record.pcm;
                     let max_bytes = encoder.max_output_bytes_per_frame();
-                    let pushed = self.buf.wire.push_with(kind::AUDIO, max_bytes, |out| {
-                        encoder.encode_frame(pcm, out)
-                    });
+                    let pushed = self
+                        .buf
+                        .wire
+                        .push_with(kind::AUDIO, max_bytes, |out| encoder.encode_frame(pcm, out));
                     match pushed {
                         Ok(()) => {}
                         Err(PushError::Fill(e)) => {

@@ -136,7 +136,8 @@ impl WsOut {
         // A shorter payload than reserved for needs a shorter header: move
         // the body down (it is then under 126 or 65536 bytes, a short copy).
         if header < slot {
-            self.buf.copy_within(body_at..body_at + n, start + header + 1);
+            self.buf
+                .copy_within(body_at..body_at + n, start + header + 1);
         }
         write_header(&mut self.buf[start..start + header], payload);
         self.buf[start + header] = kind;
@@ -176,7 +177,7 @@ mod tests {
 
     #[test]
     fn frames_parse_back_with_minimal_lengths() {
-        let mut w = WsOut::with_capacity(200_000);
+        let mut w = WsOut::with_capacity(300_000);
         let sizes = [0usize, 1, 124, 125, 126, 1000, 65_534, 65_535, 70_000];
         for (i, &n) in sizes.iter().enumerate() {
             let body: Vec<u8> = (0..n).map(|j| (i + j) as u8).collect();
