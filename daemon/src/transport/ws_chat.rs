@@ -14,7 +14,8 @@
 //!   its socket, so a client that sends faster than real time is slowed by
 //!   TCP, not buffered without bound.
 //! * Every buffer (decoder, cutter, encoder, frame, outgoing frames) is made
-//!   once at start.
+//!   once at start; the engine's records are encoded where they lie in the
+//!   mailbox (no copy of their PCM into the session).
 //! * Answers go out through [`WsOut`]: the encoder writes its Ogg pages
 //!   straight into the session's outgoing buffer behind a WebSocket frame
 //!   header, the text piece follows as its own message, and every frame
@@ -124,7 +125,6 @@ struct Buffers {
     cutter: FrameCutter,
     encoder: OggOpusEncoder,
     frame: Box<[f32; FRAME_SAMPLES]>,
-    record: Box<FromEngine>,
     /// Outgoing frames not yet written: room for two answered frames
     /// (audio and text each) before a write is forced.
     wire: WsOut,
@@ -201,7 +201,6 @@ where
                 cutter,
                 encoder,
                 frame: Box::new([0.0; FRAME_SAMPLES]),
-                record: Box::default(),
                 wire: WsOut::with_capacity(2 * frame_wire_bytes),
                 frame_wire_bytes,
             }
@@ -499,64 +498,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         // Send time of the latest frame, recorded once the next frame or
         // the write is timed.
         let mut unrecorded_send: Option<Duration> = None;
-        while self.mailbox.take(&mut self.buf.record) {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            if self.buf.record.late {
-                self.rec.late_frames += 1;
-            }
-            match self.buf.record.kind {
-                FromEngineKind::NoOutputYet => {}
-                FromEngineKind::Dropped => self.rec.frames_dropped += 1,
-                FromEngineKind::Fault => return Some(EndReason::ModelFault),
-                FromEngineKind::Output => {
-                    if self.buf.wire.free_bytes() < self.buf.frame_wire_bytes {
-                        if let Err(reason) = self.write_wire(metrics_on, &mut unrecorded_send).await
-                        {
-                            return Some(reason);
-                        }
-                    }
-                    self.rec.frames_out += 1;
-                    self.rec.text_tokens += 1;
-                    let t = metrics_on.then(Instant::now);
-                    let encoder = &mut self.buf.encoder;
-                    let pcm = &self.buf.record.pcm;
-                    let max_bytes = encoder.max_output_bytes_per_frame();
-                    let pushed = self
-                        .buf
-                        .wire
-                        .push_with(kind::AUDIO, max_bytes, |out| encoder.encode_frame(pcm, out));
-                    match pushed {
-                        Ok(()) => {}
-                        Err(PushError::Fill(e)) => {
-                            return Some(EndReason::SendFailed(format!("encoding failed: {e}")))
-                        }
-                        Err(PushError::Full) => unreachable!("room for a frame was made above"),
-                    }
-                    let send_start = t.map(|t| {
-                        let now = Instant::now();
-                        self.app
-                            .ctx
-                            .stages
-                            .record(Stage::Encode, now.saturating_duration_since(t));
-                        now
-                    });
-                    let token = self.buf.record.text_token;
-                    if let Some(d) = self.drain.as_mut() {
-                        d.done |= token == d.text_eos;
-                    }
-                    if let Some(text) = self.app.shared.pieces.text_for_token(token) {
-                        self.events.text(self.rec.frames_out - 1, token, text);
-                        self.buf
-                            .wire
-                            .push(kind::TEXT, text.as_bytes())
-                            .expect("the room made above holds the longest text piece");
-                    }
-                    if let Some(t) = send_start {
-                        if let Some(previous) = unrecorded_send.replace(t.elapsed()) {
-                            self.app.ctx.stages.record(Stage::Send, previous);
-                        }
-                    }
+        let mailbox = self.mailbox.clone();
+        loop {
+            if self.buf.wire.free_bytes() < self.buf.frame_wire_bytes {
+                if let Err(reason) = self.write_wire(metrics_on, &mut unrecorded_send).await {
+                    return Some(reason);
                 }
+            }
+            // The record is encoded where it lies in the mailbox.
+            match mailbox.take_with(|rec| self.on_record(rec, metrics_on, &mut unrecorded_send)) {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(reason)) => return Some(reason),
             }
         }
         if !self.buf.wire.is_empty() {
@@ -565,6 +518,69 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
             }
         }
         None
+    }
+
+    /// Accounts for one engine record and, for an output, frames its audio
+    /// and text into the outgoing buffer (which has room for one frame).
+    fn on_record(
+        &mut self,
+        rec: &FromEngine,
+        metrics_on: bool,
+        unrecorded_send: &mut Option<Duration>,
+    ) -> Result<(), EndReason> {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if rec.late {
+            self.rec.late_frames += 1;
+        }
+        match rec.kind {
+            FromEngineKind::NoOutputYet => return Ok(()),
+            FromEngineKind::Dropped => {
+                self.rec.frames_dropped += 1;
+                return Ok(());
+            }
+            FromEngineKind::Fault => return Err(EndReason::ModelFault),
+            FromEngineKind::Output => {}
+        }
+        self.rec.frames_out += 1;
+        self.rec.text_tokens += 1;
+        let t = metrics_on.then(Instant::now);
+        let encoder = &mut self.buf.encoder;
+        let max_bytes = encoder.max_output_bytes_per_frame();
+        let pushed = self.buf.wire.push_with(kind::AUDIO, max_bytes, |out| {
+            encoder.encode_frame(&rec.pcm, out)
+        });
+        match pushed {
+            Ok(()) => {}
+            Err(PushError::Fill(e)) => {
+                return Err(EndReason::SendFailed(format!("encoding failed: {e}")))
+            }
+            Err(PushError::Full) => unreachable!("the caller made room for a frame"),
+        }
+        let send_start = t.map(|t| {
+            let now = Instant::now();
+            self.app
+                .ctx
+                .stages
+                .record(Stage::Encode, now.saturating_duration_since(t));
+            now
+        });
+        let token = rec.text_token;
+        if let Some(d) = self.drain.as_mut() {
+            d.done |= token == d.text_eos;
+        }
+        if let Some(text) = self.app.shared.pieces.text_for_token(token) {
+            self.events.text(self.rec.frames_out - 1, token, text);
+            self.buf
+                .wire
+                .push(kind::TEXT, text.as_bytes())
+                .expect("the room made by the caller holds the longest text piece");
+        }
+        if let Some(t) = send_start {
+            if let Some(previous) = unrecorded_send.replace(t.elapsed()) {
+                self.app.ctx.stages.record(Stage::Send, previous);
+            }
+        }
+        Ok(())
     }
 
     /// Writes the outgoing buffer to the socket with one `write_all`, after
