@@ -518,3 +518,40 @@ fn fuzz_mutated_streams_with_valid_crcs() {
     println!("mutated streams: {ok} decoded, {failed} rejected");
     assert!(ok > 100 && failed > 100, "{ok} / {failed}");
 }
+
+/// Non-finite answer samples (a model fault's NaN, an overflow's inf) are
+/// encoded as silence: the same bytes as the frame with 0 in their place,
+/// whether one packet of the frame holds them or both.
+#[test]
+fn encoder_encodes_non_finite_samples_as_zero() {
+    use moshid::codec::{EncoderConfig, OggOpusEncoder, FRAME_SAMPLES};
+    let clean: Vec<f32> = (0..FRAME_SAMPLES)
+        .map(|i| 0.3 * (i as f32 * 0.05).sin())
+        .collect();
+    let mut dirty = clean.clone();
+    let mut zeroed = clean.clone();
+    for (i, bad) in [
+        (3, f32::NAN),
+        (1500, f32::INFINITY),
+        (1919, f32::NEG_INFINITY),
+    ] {
+        dirty[i] = bad;
+        zeroed[i] = 0.0;
+    }
+    let encode = |frames: &[&[f32]]| {
+        let mut enc = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
+        let mut out = vec![0u8; enc.max_output_bytes_per_frame()];
+        let mut all = Vec::new();
+        for f in frames {
+            let f: &[f32; FRAME_SAMPLES] = (*f).try_into().unwrap();
+            let n = enc.encode_frame(f, &mut out).unwrap();
+            all.extend_from_slice(&out[..n]);
+        }
+        all
+    };
+    assert_eq!(
+        encode(&[&clean, &dirty, &clean]),
+        encode(&[&clean, &zeroed, &clean])
+    );
+    assert_ne!(encode(&[&clean, &clean]), encode(&[&clean, &zeroed]));
+}

@@ -3,7 +3,10 @@
 //! wrapper, per thread). libopus's internal C allocations are not
 //! visible here; libopus 1.3 uses the stack for its per-call scratch.
 //! The session's events are on, with a subscriber attached (see
-//! `events_rig`): one text piece per encoded frame.
+//! `events_rig`): one text piece per encoded frame. Each frame is framed
+//! for the WebSocket as the chat session does it ([`WsOut`]: the encoder's
+//! pages written in place behind the frame header, then the text message),
+//! and the buffer is reused for the next frame.
 
 mod codec_common;
 
@@ -17,6 +20,7 @@ use moshid::codec::{
     CodecError, DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder,
     DEFAULT_CUTTER_CAPACITY_SAMPLES, FRAME_SAMPLES,
 };
+use moshid::transport::ws_out::{self, WsOut};
 
 #[test]
 fn the_counter_sees_allocations() {
@@ -41,7 +45,9 @@ fn steady_state_does_not_allocate() {
     let mut cutter = FrameCutter::new(DEFAULT_CUTTER_CAPACITY_SAMPLES).unwrap();
     let mut encoder = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
     let mut frame = [0f32; FRAME_SAMPLES];
-    let mut out = vec![0u8; 1 + encoder.max_output_bytes_per_frame()];
+    let max_frame_bytes = encoder.max_output_bytes_per_frame();
+    let mut wire =
+        WsOut::with_capacity(ws_out::message_bytes(max_frame_bytes) + ws_out::message_bytes(64));
     let (mut frames, mut sent_bytes) = (0usize, 0usize);
     let mut events = events_rig::EventsRig::new();
     // Warm-up of the subscriber's SSE buffer path.
@@ -58,8 +64,13 @@ fn steady_state_does_not_allocate() {
                 while !rest.is_empty() {
                     rest = &rest[cutter.push(rest)..];
                     while cutter.pop_frame(&mut frame) {
-                        out[0] = 0x01; // message kind: audio
-                        sent_bytes += 1 + encoder.encode_frame(&frame, &mut out[1..]).unwrap();
+                        wire.clear(); // written to the socket
+                        wire.push_with(0x01, max_frame_bytes, |out| {
+                            encoder.encode_frame(&frame, out)
+                        })
+                        .unwrap();
+                        wire.push(0x02, b" hello").unwrap();
+                        sent_bytes += wire.as_bytes().len();
                         events.frame();
                         frames += 1;
                     }

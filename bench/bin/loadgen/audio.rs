@@ -255,6 +255,23 @@ pub struct OpusFloor {
     pub total_ms_per_stream_s: f64,
 }
 
+impl OpusFloor {
+    /// The floor over several measurements, weighted by their audio.
+    pub fn mean(floors: &[OpusFloor]) -> OpusFloor {
+        let seconds: f64 = floors.iter().map(|f| f.audio_seconds).sum();
+        let w = |f: fn(&OpusFloor) -> f64| {
+            floors.iter().map(|x| f(x) * x.audio_seconds).sum::<f64>()
+                / seconds.max(f64::MIN_POSITIVE)
+        };
+        OpusFloor {
+            audio_seconds: seconds,
+            decode_ms_per_stream_s: w(|f| f.decode_ms_per_stream_s),
+            encode_ms_per_stream_s: w(|f| f.encode_ms_per_stream_s),
+            total_ms_per_stream_s: w(|f| f.total_ms_per_stream_s),
+        }
+    }
+}
+
 /// Measures [`OpusFloor`] over at least `min_audio` of audio: decoding
 /// `audio` (what the callers send) and encoding as many frames of `answer`
 /// (looped; what the daemon sends back), in whole passes, each pass a fresh

@@ -36,6 +36,7 @@
 
 mod audio;
 mod daemon;
+mod demo_answers;
 mod plan;
 mod report;
 mod soak;
@@ -131,6 +132,14 @@ struct Args {
     /// Audio seconds of the bare-Opus floor measurement.
     #[arg(long, default_value_t = 20.0)]
     floor_seconds: f64,
+    /// For a daemon serving the embedded demo: the floor encodes the demo
+    /// model's own answers to the sent audio (stepped here on the CPU from
+    /// the demo checkpoint in this cache folder), i.e. what the daemon
+    /// encodes, instead of the answers a caller decoded (audio that has been
+    /// through Opus once, which libopus encodes more cheaply). The
+    /// decoded-answer floor and its ratios are reported too.
+    #[arg(long, value_name = "CACHE_DIR")]
+    floor_demo_answers: Option<PathBuf>,
     /// Seconds of the daemon's idle CPU measurement before the ramp.
     #[arg(long, default_value_t = 5.0)]
     idle_seconds: f64,
@@ -146,6 +155,9 @@ struct Args {
     #[arg(long, default_value_t = 2.0)]
     drain_seconds: f64,
 }
+
+/// Answering sessions the demo-answer floor encodes (`--floor-demo-answers`).
+const DEMO_FLOOR_STREAMS: usize = 8;
 
 /// What every step needs.
 struct Ctx {
@@ -366,8 +378,43 @@ fn measure(
             "decode + encode of the sent audio (no answer audio kept)".into(),
         )
     };
+    // With --floor-demo-answers the floor encodes the model's raw answers;
+    // the decoded-answer floor stays in the report beside it.
+    let (floor, floor_basis, floor_decoded) = match &args.floor_demo_answers {
+        Some(cache) => {
+            let raw = demo_answers::demo_answers(ctx.audio.pcm(), cache, DEMO_FLOOR_STREAMS)?;
+            if raw.iter().any(|a| a.is_empty()) {
+                bail!("the demo model gave no answer audio");
+            }
+            // One floor per answering session, weighted by its audio.
+            let part = floor_audio / DEMO_FLOOR_STREAMS as u32;
+            let floors = raw
+                .iter()
+                .map(|answer| audio::bare_opus_floor(&ctx.audio, answer, part))
+                .collect::<Result<Vec<_>>>()?;
+            (
+                audio::OpusFloor::mean(&floors),
+                format!(
+                    "decode of the sent audio + encode of the demo model's own answers to it \
+                     ({DEMO_FLOOR_STREAMS} sessions of {:.1} s, each with its own sampling seed, \
+                     stepped on the CPU from {} with the daemon's default sampling)",
+                    raw[0].len() as f64 * moshid::FRAME_MS / 1000.0,
+                    cache.display()
+                ),
+                Some((floor, floor_basis)),
+            )
+        }
+        None => (floor, floor_basis, None),
+    };
     for step in &mut steps {
         set_ratios(step, &floor);
+        if let Some((decoded, _)) = &floor_decoded {
+            let f = decoded.total_ms_per_stream_s;
+            step.ratio_to_bare_opus_excl_engine_decoded_answers = step
+                .cpu_ms_per_stream_s_excl_engine
+                .filter(|_| f > 0.0)
+                .map(|v| v / f);
+        }
     }
 
     let (date, stamp) = utc(started);
@@ -404,6 +451,8 @@ fn measure(
         opus_floor: floor,
         opus_floor_basis: floor_basis,
         opus_floor_sent_audio: floor_sent,
+        opus_floor_decoded_answers: floor_decoded.as_ref().map(|(f, _)| *f),
+        opus_floor_decoded_answers_basis: floor_decoded.map(|(_, b)| b),
         daemon_idle_cpu_ms_per_s: idle_ms_per_s,
         steps,
         loadavg_1m_at_end: sys::loadavg_1m(),
@@ -631,6 +680,7 @@ fn summarize_step(
         engine_thread_ms_per_stream_s: None,
         cpu_ms_per_stream_s_excl_engine: None,
         ratio_to_bare_opus_excl_engine: None,
+        ratio_to_bare_opus_excl_engine_decoded_answers: None,
         engine_before: before,
         engine_after: after,
         engine_steps,
@@ -697,6 +747,24 @@ fn print_summary(r: &Report) {
         sent.total_ms_per_stream_s,
         fmt_opt(r.daemon_idle_cpu_ms_per_s, 1)
     );
+    if let Some(d) = &r.opus_floor_decoded_answers {
+        println!(
+            "bare Opus with the answers as a caller decoded them: decode {:.3} + encode {:.3} = \
+             {:.3} ms per stream-second; without the engine thread, per step: {}",
+            d.decode_ms_per_stream_s,
+            d.encode_ms_per_stream_s,
+            d.total_ms_per_stream_s,
+            r.steps
+                .iter()
+                .map(|s| format!(
+                    "N={} {}x",
+                    s.streams,
+                    fmt_opt(s.ratio_to_bare_opus_excl_engine_decoded_answers, 2)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     for s in &r.steps {
         println!("{}", step_line(s));
     }

@@ -101,6 +101,9 @@ pub struct StepReport {
     pub cpu_ms_per_stream_s_excl_engine: Option<f64>,
     /// `cpu_ms_per_stream_s_excl_engine` / the bare-Opus floor.
     pub ratio_to_bare_opus_excl_engine: Option<f64>,
+    /// The same against the decoded-answer floor, when the floor itself
+    /// encodes the demo model's own answers (`--floor-demo-answers`).
+    pub ratio_to_bare_opus_excl_engine_decoded_answers: Option<f64>,
     /// `/capacity` before and after the step.
     pub engine_before: EngineCounters,
     pub engine_after: EngineCounters,
@@ -151,6 +154,10 @@ pub struct Report {
     pub opus_floor_basis: String,
     /// The floor with the sent audio both ways (for comparison).
     pub opus_floor_sent_audio: OpusFloor,
+    /// With `--floor-demo-answers`: the floor on the answers a caller
+    /// decoded (what `opus_floor` is without that option), and its basis.
+    pub opus_floor_decoded_answers: Option<OpusFloor>,
+    pub opus_floor_decoded_answers_basis: Option<String>,
     /// The daemon's CPU while idle before the ramp, ms per second.
     pub daemon_idle_cpu_ms_per_s: Option<f64>,
     pub steps: Vec<StepReport>,

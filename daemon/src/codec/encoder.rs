@@ -160,12 +160,19 @@ impl OggOpusEncoder {
             self.headers_written = true;
         }
         for chunk in frame.chunks_exact(ENCODER_PACKET_SAMPLES) {
-            for (dst, &src) in self.pcm.iter_mut().zip(chunk) {
-                *dst = if src.is_finite() { src } else { 0.0 };
-            }
+            // Encoded where it lies; only a packet holding a non-finite
+            // sample is copied, to encode those as 0.
+            let pcm: &[f32] = if chunk.iter().all(|s| s.is_finite()) {
+                chunk
+            } else {
+                for (dst, &src) in self.pcm.iter_mut().zip(chunk) {
+                    *dst = if src.is_finite() { src } else { 0.0 };
+                }
+                &self.pcm
+            };
             let packet_bytes = self
                 .opus
-                .encode_float(&self.pcm, &mut self.packet)
+                .encode_float(pcm, &mut self.packet)
                 .map_err(CodecError::opus_encode)?;
             self.granule_48k += GRANULE_PER_PACKET_48K;
             written += self.pages.write_page(

@@ -20,6 +20,8 @@ pub struct Shared {
     pub config: Config,
     /// Token id → text.
     pub pieces: PieceTable,
+    /// Bytes of the longest token text (sizes the sessions' send buffers).
+    pub max_text_bytes: usize,
     /// Conditioning the model accepts.
     pub model_info: ModelInfo,
     /// Session ids.
@@ -37,9 +39,15 @@ pub struct Shared {
 impl Shared {
     /// Daemon-wide values.
     pub fn new(config: Config, pieces: PieceTable, model_info: ModelInfo) -> Self {
+        let max_text_bytes = (0..pieces.len() as u32)
+            .filter_map(|id| pieces.text_for_token(id))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
         Shared {
             events: crate::events::EventHub::new(&config.events),
             config,
+            max_text_bytes,
             pieces,
             model_info,
             next_session_id: AtomicU64::new(1),

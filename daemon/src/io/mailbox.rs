@@ -64,6 +64,21 @@ impl Mailbox {
         true
     }
 
+    /// Hands the oldest record, if any, to `f` where it lies (no copy of its
+    /// PCM) and then removes it; `None` when no record waits. `f` must not
+    /// deliver to this mailbox (it is borrowed meanwhile); the dispatch task
+    /// that delivers never runs inside another task's synchronous code.
+    pub fn take_with<R>(&self, f: impl FnOnce(&FromEngine) -> R) -> Option<R> {
+        if self.len.get() == 0 {
+            return None;
+        }
+        let ring = self.ring.borrow();
+        let result = f(&ring[self.head.get()]);
+        self.head.set((self.head.get() + 1) % ring.len());
+        self.len.set(self.len.get() - 1);
+        Some(result)
+    }
+
     /// Records waiting.
     pub fn len(&self) -> usize {
         self.len.get()
@@ -125,5 +140,10 @@ mod tests {
         assert!(m.take(&mut out));
         assert_eq!(out.text_token, 1);
         assert!(!m.take(&mut out));
+        r.text_token = 7;
+        m.deliver(&r);
+        assert_eq!(m.take_with(|rec| rec.text_token), Some(7));
+        assert_eq!(m.take_with(|rec| rec.text_token), None);
+        assert!(m.is_empty());
     }
 }

@@ -4,3 +4,4 @@ pub mod audiosocket;
 pub mod media_streams;
 pub mod rtp;
 pub mod ws_chat;
+pub mod ws_out;

@@ -13,12 +13,22 @@
 //!   `session.max_frames_in_flight`: at the bound the session stops reading
 //!   its socket, so a client that sends faster than real time is slowed by
 //!   TCP, not buffered without bound.
-//! * Every buffer (decoder, cutter, encoder, frame) is made once at start.
+//! * Every buffer (decoder, cutter, encoder, frame, outgoing frames) is made
+//!   once at start; the engine's records are encoded where they lie in the
+//!   mailbox (no copy of their PCM into the session).
+//! * Answers go out through [`WsOut`]: the encoder writes its Ogg pages
+//!   straight into the session's outgoing buffer behind a WebSocket frame
+//!   header, the text piece follows as its own message, and every frame
+//!   answered since the last write goes to the socket in one `write_all`
+//!   (one system call per 80 ms frame, none per page or message). Control
+//!   messages and the goodbye go through tungstenite, whose write buffer is
+//!   flushed before each of our writes so that frames never interleave.
 //! * Whatever ends the session, its slot is released and its record logged;
 //!   a protocol error gets a 0x05 message and a close, and concerns only
 //!   this session.
 //! * Stage metrics (decode per audio message, encode and send per output
-//!   frame, the push stamp of each frame) are recorded into the core's
+//!   frame — framing into the buffer, with the batch's socket write added to
+//!   its last frame — the push stamp of each frame) are recorded into the core's
 //!   counters; the switch is read once per client message and once per
 //!   batch of engine outputs, and while it is off no clock is read for
 //!   them. The session keeps no metrics state: its own accounting is the
@@ -38,12 +48,13 @@ use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::ws_out::{self, PushError, WsOut};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use async_tungstenite::tungstenite::protocol::CloseFrame;
 use async_tungstenite::tungstenite::{Bytes, Message};
 use async_tungstenite::WebSocketStream;
-use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
+use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt, StreamExt};
 use futures_util::SinkExt;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -114,8 +125,12 @@ struct Buffers {
     cutter: FrameCutter,
     encoder: OggOpusEncoder,
     frame: Box<[f32; FRAME_SAMPLES]>,
-    record: Box<FromEngine>,
-    out: Vec<u8>,
+    /// Outgoing frames not yet written: room for two answered frames
+    /// (audio and text each) before a write is forced.
+    wire: WsOut,
+    /// Wire bytes of one answered frame at most (audio with the header
+    /// pages, the longest text piece).
+    frame_wire_bytes: usize,
 }
 
 struct ChatSession<S> {
@@ -179,14 +194,15 @@ where
         OggOpusEncoder::new(EncoderConfig::default()),
     ) {
         (Ok(decoder), Ok(cutter), Ok(encoder)) => {
-            let out = vec![0u8; 1 + encoder.max_output_bytes_per_frame()];
+            let frame_wire_bytes = ws_out::message_bytes(encoder.max_output_bytes_per_frame())
+                + ws_out::message_bytes(shared.max_text_bytes);
             Buffers {
                 decoder,
                 cutter,
                 encoder,
                 frame: Box::new([0.0; FRAME_SAMPLES]),
-                record: Box::default(),
-                out,
+                wire: WsOut::with_capacity(2 * frame_wire_bytes),
+                frame_wire_bytes,
             }
         }
         _ => {
@@ -471,80 +487,121 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     }
 
     /// Sends everything the engine has answered; `Some` ends the session.
-    /// With metrics on (read once per call), each output frame gives one
-    /// `encode` sample and one `send` sample (its feeds to the WebSocket; the
-    /// batch's flush is added to the last frame's).
+    /// Each answered frame is framed into the outgoing buffer (its audio
+    /// message, then its text message); the buffer is written when it has
+    /// no room for another frame and once at the end. With metrics on (read
+    /// once per call), each output frame gives one `encode` sample and one
+    /// `send` sample (its framing; a write is added to the sample of the
+    /// last frame it carries).
     async fn pump_outputs(&mut self) -> Option<EndReason> {
         let metrics_on = self.app.ctx.metrics_on();
-        // Send time of the batch's latest frame, recorded once the next frame
-        // or the flush is timed.
+        // Send time of the latest frame, recorded once the next frame or
+        // the write is timed.
         let mut unrecorded_send: Option<Duration> = None;
-        while self.mailbox.take(&mut self.buf.record) {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            if self.buf.record.late {
-                self.rec.late_frames += 1;
-            }
-            match self.buf.record.kind {
-                FromEngineKind::NoOutputYet => {}
-                FromEngineKind::Dropped => self.rec.frames_dropped += 1,
-                FromEngineKind::Fault => return Some(EndReason::ModelFault),
-                FromEngineKind::Output => {
-                    self.rec.frames_out += 1;
-                    self.rec.text_tokens += 1;
-                    self.buf.out[0] = kind::AUDIO;
-                    let t = metrics_on.then(Instant::now);
-                    let n = match self
-                        .buf
-                        .encoder
-                        .encode_frame(&self.buf.record.pcm, &mut self.buf.out[1..])
-                    {
-                        Ok(n) => n,
-                        Err(e) => {
-                            return Some(EndReason::SendFailed(format!("encoding failed: {e}")))
-                        }
-                    };
-                    let send_start = t.map(|t| {
-                        let now = Instant::now();
-                        self.app
-                            .ctx
-                            .stages
-                            .record(Stage::Encode, now.saturating_duration_since(t));
-                        now
-                    });
-                    let audio = Bytes::copy_from_slice(&self.buf.out[..1 + n]);
-                    if let Err(e) = self.ws.feed(Message::Binary(audio)).await {
-                        return Some(EndReason::SendFailed(e.to_string()));
-                    }
-                    let token = self.buf.record.text_token;
-                    if let Some(d) = self.drain.as_mut() {
-                        d.done |= token == d.text_eos;
-                    }
-                    if let Some(text) = self.app.shared.pieces.text_for_token(token) {
-                        self.events.text(self.rec.frames_out - 1, token, text);
-                        let mut msg = Vec::with_capacity(1 + text.len());
-                        msg.push(kind::TEXT);
-                        msg.extend_from_slice(text.as_bytes());
-                        if let Err(e) = self.ws.feed(Message::Binary(msg.into())).await {
-                            return Some(EndReason::SendFailed(e.to_string()));
-                        }
-                    }
-                    if let Some(t) = send_start {
-                        if let Some(previous) = unrecorded_send.replace(t.elapsed()) {
-                            self.app.ctx.stages.record(Stage::Send, previous);
-                        }
-                    }
+        let mailbox = self.mailbox.clone();
+        loop {
+            if self.buf.wire.free_bytes() < self.buf.frame_wire_bytes {
+                if let Err(reason) = self.write_wire(metrics_on, &mut unrecorded_send).await {
+                    return Some(reason);
                 }
             }
+            // The record is encoded where it lies in the mailbox.
+            match mailbox.take_with(|rec| self.on_record(rec, metrics_on, &mut unrecorded_send)) {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(reason)) => return Some(reason),
+            }
         }
-        let flush_start = unrecorded_send.map(|_| Instant::now());
-        let flushed = self.ws.flush().await;
-        if let (Some(t), Some(send)) = (flush_start, unrecorded_send) {
-            self.app.ctx.stages.record(Stage::Send, send + t.elapsed());
-        }
-        if let Err(e) = flushed {
-            return Some(EndReason::SendFailed(e.to_string()));
+        if !self.buf.wire.is_empty() {
+            if let Err(reason) = self.write_wire(metrics_on, &mut unrecorded_send).await {
+                return Some(reason);
+            }
         }
         None
+    }
+
+    /// Accounts for one engine record and, for an output, frames its audio
+    /// and text into the outgoing buffer (which has room for one frame).
+    fn on_record(
+        &mut self,
+        rec: &FromEngine,
+        metrics_on: bool,
+        unrecorded_send: &mut Option<Duration>,
+    ) -> Result<(), EndReason> {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if rec.late {
+            self.rec.late_frames += 1;
+        }
+        match rec.kind {
+            FromEngineKind::NoOutputYet => return Ok(()),
+            FromEngineKind::Dropped => {
+                self.rec.frames_dropped += 1;
+                return Ok(());
+            }
+            FromEngineKind::Fault => return Err(EndReason::ModelFault),
+            FromEngineKind::Output => {}
+        }
+        self.rec.frames_out += 1;
+        self.rec.text_tokens += 1;
+        let t = metrics_on.then(Instant::now);
+        let encoder = &mut self.buf.encoder;
+        let max_bytes = encoder.max_output_bytes_per_frame();
+        let pushed = self.buf.wire.push_with(kind::AUDIO, max_bytes, |out| {
+            encoder.encode_frame(&rec.pcm, out)
+        });
+        match pushed {
+            Ok(()) => {}
+            Err(PushError::Fill(e)) => {
+                return Err(EndReason::SendFailed(format!("encoding failed: {e}")))
+            }
+            Err(PushError::Full) => unreachable!("the caller made room for a frame"),
+        }
+        let send_start = t.map(|t| {
+            let now = Instant::now();
+            self.app
+                .ctx
+                .stages
+                .record(Stage::Encode, now.saturating_duration_since(t));
+            now
+        });
+        let token = rec.text_token;
+        if let Some(d) = self.drain.as_mut() {
+            d.done |= token == d.text_eos;
+        }
+        if let Some(text) = self.app.shared.pieces.text_for_token(token) {
+            self.events.text(self.rec.frames_out - 1, token, text);
+            self.buf
+                .wire
+                .push(kind::TEXT, text.as_bytes())
+                .expect("the room made by the caller holds the longest text piece");
+        }
+        if let Some(t) = send_start {
+            if let Some(previous) = unrecorded_send.replace(t.elapsed()) {
+                self.app.ctx.stages.record(Stage::Send, previous);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the outgoing buffer to the socket with one `write_all`, after
+    /// whatever tungstenite holds (an automatic pong) so that frames never
+    /// interleave. With metrics on, the write's time is added to
+    /// `unrecorded_send` (the last framed frame's), which is then recorded.
+    async fn write_wire(
+        &mut self,
+        metrics_on: bool,
+        unrecorded_send: &mut Option<Duration>,
+    ) -> Result<(), EndReason> {
+        let t = metrics_on.then(Instant::now);
+        if let Err(e) = self.ws.flush().await {
+            return Err(EndReason::SendFailed(e.to_string()));
+        }
+        let written = self.ws.get_mut().write_all(self.buf.wire.as_bytes()).await;
+        self.buf.wire.clear();
+        if let (Some(t), Some(send)) = (t, unrecorded_send.take()) {
+            self.app.ctx.stages.record(Stage::Send, send + t.elapsed());
+        }
+        written.map_err(|e| EndReason::SendFailed(e.to_string()))
     }
 
     /// Releases the slot, tells the client how the session ended, logs it.
