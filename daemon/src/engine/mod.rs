@@ -2,7 +2,9 @@
 //! of a phase group as one batch, fed and drained through the lanes.
 //!
 //! * [`records`]: what crosses the lanes.
-//! * [`admission`]: slots, groups, refusals, published capacity.
+//! * [`admission`]: slots, refusals, published capacity.
+//! * [`phase`]: a stream's phase, estimated from its frames' completion times.
+//! * [`grouping`]: which tick steps each stream, and how many groups load allows.
 //! * [`step_times`]: the measured step-time model admission relies on.
 //! * [`thread`]: the tick loop.
 //!
@@ -11,6 +13,10 @@
 //! tick allocates nothing.
 
 pub mod admission;
+pub mod grouping;
+#[cfg(test)]
+mod grouping_sim;
+pub mod phase;
 pub mod records;
 pub mod step_times;
 pub mod thread;
