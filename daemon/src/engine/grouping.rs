@@ -79,6 +79,37 @@ impl MaxGroups {
     }
 }
 
+impl serde::Serialize for MaxGroups {
+    /// A number, or `"auto"`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxGroups::Auto => s.serialize_str("auto"),
+            MaxGroups::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl From<usize> for MaxGroups {
+    /// A fixed maximum of `n` groups.
+    fn from(n: usize) -> Self {
+        MaxGroups::Fixed(n)
+    }
+}
+
+impl std::str::FromStr for MaxGroups {
+    type Err = String;
+
+    /// `auto` or a number of groups (checked by the config's validation).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(MaxGroups::Auto);
+        }
+        s.parse()
+            .map(MaxGroups::Fixed)
+            .map_err(|_| format!("phase groups must be a number 1..=4 or \"auto\", not {s:?}"))
+    }
+}
+
 impl std::fmt::Display for MaxGroups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -153,7 +184,7 @@ impl Grouping {
         let positions = max.positions();
         let candidates = (1..=max.max())
             .rev()
-            .filter(|g| positions % g == 0)
+            .filter(|g| positions.is_multiple_of(*g))
             .collect();
         Grouping {
             positions,
@@ -382,7 +413,7 @@ impl Grouping {
             if !slot.open {
                 continue;
             }
-            let in_plan = slot.target != NONE && slot.target as usize % stride == 0;
+            let in_plan = slot.target != NONE && (slot.target as usize).is_multiple_of(stride);
             let a = if let Some(phase) = slot.estimator.phase_ns() {
                 let ready_ns = phase + GUARD_NS;
                 let keep = in_plan

@@ -7,9 +7,9 @@
 //! Checked at every frame and tick:
 //! * every frame is stepped exactly once, in order (per-stream sequence);
 //! * once a stream's phase is measured (from its third frame after that),
-//!   each frame waits at most `80/G + 40/G ms + GUARD + HYSTERESIS + jitter
-//!   + 0.5 ms` (G: the fewest groups of the plans in effect since it
-//!   completed; 40/G ms is how late the steps before a tick may make it);
+//!   each frame waits at most 80/G + 40/G ms + GUARD + HYSTERESIS + jitter
+//!   \+ 0.5 ms, G being the fewest groups of the plans in effect since it
+//!   completed, and 40/G ms how late the steps before a tick may make it;
 //! * steps run one after another on the virtual clock, and no tick starts
 //!   later than [`lateness_allowed_ms`] after its deadline, except while a
 //!   stream waits for a frame boundary to move to an earlier group (at most
