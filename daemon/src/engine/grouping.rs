@@ -10,13 +10,14 @@
 //! streams get many small steps, each close to its stream's phase; as load
 //! grows, groups merge.
 //!
-//! * A stream with a measured phase ([`PhaseEstimator`]) ticks with the group
+//! * A stream with a measured phase ([`PhaseEstimator`]; until it stands,
+//!   the phase of its latest frame) ticks with the group
 //!   whose tick comes soonest after its frames complete (plus [`GUARD_NS`]:
 //!   the tick drains the lanes as it starts). It keeps its group while that
 //!   group's tick is within `80/G` ms + [`HYSTERESIS_NS`] after its phase, so
 //!   jitter at a boundary does not move it back and forth.
 //! * A stream without one (telephony, whose transport places its frame cut
-//!   ahead of its group's tick; a WebSocket stream's first frames) keeps its
+//!   ahead of its group's tick; a WebSocket stream before its first frame) keeps its
 //!   group while that group exists; a new one joins the busiest group that
 //!   has room (batching is cheaper than another step); one whose group
 //!   merged away goes to the next group after it, so frames its transport
@@ -290,7 +291,8 @@ impl Grouping {
     /// how many): every slot of the group with a frame queued
     /// (`queued(slot)` frames), then, while the batch (started `late_ms`
     /// after its deadline) still ends within its share of the gap to the next
-    /// tick that could step anything, slots of other groups that are behind ([`Grouping::after_tick`]). A backlog (a burst at
+    /// tick that could step anything plus half that tick's allowed lateness,
+    /// slots of other groups that are behind ([`Grouping::after_tick`]). A backlog (a burst at
     /// connect, a stall) thus drains instead of adding a period to every
     /// later frame.
     pub fn select(
@@ -307,7 +309,10 @@ impl Grouping {
             exec[s] = run;
             count += run as usize;
         }
-        let room_ms = self.gap_after_ms(position) * self.budget_share - late_ms;
+        // A catch-up may spend half of the next tick's allowed lateness.
+        let room_ms = self.gap_after_ms(position) * self.budget_share
+            + lateness_allowed_ms(self.groups) / 2.0
+            - late_ms;
         for (s, slot) in self.slots.iter().enumerate() {
             if !exec[s]
                 && slot.open
@@ -414,7 +419,7 @@ impl Grouping {
                 continue;
             }
             let in_plan = slot.target != NONE && (slot.target as usize).is_multiple_of(stride);
-            let a = if let Some(phase) = slot.estimator.phase_ns() {
+            let a = if let Some(phase) = slot.estimator.provisional_ns() {
                 let ready_ns = phase + GUARD_NS;
                 let keep = in_plan
                     && ahead_ns(ready_ns, self.position_ns(slot.target as usize))
@@ -512,7 +517,7 @@ impl Grouping {
         if slot.current == NONE || slot.current == a {
             return true;
         }
-        let Some(phase) = slot.estimator.phase_ns() else {
+        let Some(phase) = slot.estimator.provisional_ns() else {
             return true;
         };
         let ready_ns = phase + GUARD_NS;

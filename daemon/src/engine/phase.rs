@@ -71,6 +71,15 @@ impl PhaseEstimator {
         self.len = (self.len + 1).min(WINDOW);
     }
 
+    /// Until there is an estimate, the phase of the latest completion (the
+    /// first frames' tick is chosen from it, so they do not wait in a group
+    /// picked blind; a burst or jitter may move the stream again once the
+    /// estimate stands).
+    pub fn provisional_ns(&self) -> Option<u64> {
+        self.phase_ns()
+            .or_else(|| self.last_at_ns.map(|at| at % PERIOD_NS))
+    }
+
     /// The phase, once [`MIN_SAMPLES`] paced frames were seen.
     pub fn phase_ns(&self) -> Option<u64> {
         if self.len < MIN_SAMPLES {
@@ -105,11 +114,13 @@ mod tests {
     #[test]
     fn paced_frames_give_their_phase_after_the_minimum() {
         let mut e = PhaseEstimator::default();
+        assert_eq!(e.provisional_ns(), None);
         for k in 0..=MIN_SAMPLES as u64 {
             assert_eq!(e.phase_ns(), None);
-            e.observe(1000 * PERIOD_NS + k * PERIOD_NS + 37 * MS);
+            e.observe(1000 * PERIOD_NS + k * PERIOD_NS + 37 * MS + k);
+            assert_eq!(e.provisional_ns(), Some(37 * MS + k));
         }
-        assert_eq!(e.phase_ns(), Some(37 * MS));
+        assert_eq!(e.phase_ns(), Some(37 * MS + MIN_SAMPLES as u64));
     }
 
     #[test]
