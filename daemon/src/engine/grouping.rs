@@ -265,21 +265,28 @@ impl Grouping {
         s.open.then(|| s.estimator.phase_ns()).flatten()
     }
 
-    /// After the tick at `position` stepped its batch: a slot with nothing
-    /// queued is at a frame boundary and takes its target group (returns how
-    /// many moved); a slot of this group that still has a frame queued is
-    /// behind (a burst at connect, a stall) and may be stepped by any tick
-    /// with room until its queue is empty.
-    pub fn after_tick(&mut self, position: usize, queued: &dyn Fn(usize) -> usize) -> usize {
+    /// After the tick at `position` stepped its batch (`stepped[slot]`): a
+    /// slot with nothing queued is at a frame boundary and takes its target
+    /// group (returns how many moved). A slot of this group that is behind
+    /// may be stepped by any tick with room until its queue is empty: one
+    /// that still has a frame queued (a burst at connect, a stall), or one
+    /// whose frame missed this tick (a jitter spike past its phase), so that
+    /// frame does not wait a whole period.
+    pub fn after_tick(
+        &mut self,
+        position: usize,
+        queued: &dyn Fn(usize) -> usize,
+        stepped: &[bool],
+    ) -> usize {
         let mut moved = 0;
         for (s, slot) in self.slots.iter_mut().enumerate() {
             if !slot.open {
                 continue;
             }
             if queued(s) == 0 {
+                slot.behind = slot.current as usize == position && !stepped[s];
                 moved += (slot.current != slot.target) as usize;
                 slot.current = slot.target;
-                slot.behind = false;
             } else if slot.current as usize == position {
                 slot.behind = true;
             }
@@ -609,9 +616,9 @@ mod tests {
         }
         g.plan(&linear);
         assert_eq!((g.group_of(0), g.target_of(0)), (Some(4), Some(8)));
-        assert_eq!(g.after_tick(4, &|_| 1), 0);
+        assert_eq!(g.after_tick(4, &|_| 1, &[true]), 0);
         assert_eq!(g.group_of(0), Some(4));
-        assert_eq!(g.after_tick(4, &|_| 0), 1);
+        assert_eq!(g.after_tick(4, &|_| 0, &[true]), 1);
         assert_eq!(g.group_of(0), Some(8));
     }
 }

@@ -226,7 +226,7 @@ fn run(max: MaxGroups, seconds: u64, max_streams: usize, seed: u64) -> Outcome {
         for st in &streams {
             queued[st.slot] = st.queue.len();
         }
-        out.moves += g.after_tick(p, &|s| queued[s]) as u64;
+        out.moves += g.after_tick(p, &|s| queued[s], &exec) as u64;
         // Leaves: once every frame sent was stepped.
         streams.retain(|st| {
             let done = now >= st.leave_ns && st.queue.is_empty();

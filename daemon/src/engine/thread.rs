@@ -453,7 +453,9 @@ impl Engine {
     fn finish_tick(&mut self, position: usize) {
         let slots = &self.slots;
         let queued = |s: usize| if slots[s].open { slots[s].queue_len } else { 0 };
-        let moved = self.grouping.after_tick(position, &queued);
+        let moved = self
+            .grouping
+            .after_tick(position, &queued, &self.batch.exec);
         let board = &self.shared.groups;
         if moved > 0 {
             board.moves.fetch_add(moved as u64, Ordering::Relaxed);
