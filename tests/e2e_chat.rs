@@ -185,6 +185,12 @@ fn a_stream_is_independent_of_its_batch_mates() {
         "the streams were never stepped in one batch: {cap:#}"
     );
     assert_eq!(cap["engine"]["dropped_frames"], 0, "{cap:#}");
+    // Streams start in one group and move to their phases' groups once
+    // measured: the identity below holds across those moves.
+    assert!(
+        cap["capacity"]["group_moves"].as_u64().unwrap() > 0,
+        "no stream moved group: {cap:#}"
+    );
 
     assert_eq!(
         crowd.texts, alone.texts,

@@ -85,9 +85,9 @@ pub struct ServeArgs {
     /// I/O cores.
     #[arg(long)]
     pub io_cores: Option<usize>,
-    /// Phase groups (1..=4).
+    /// Most phase groups: 1..=4 or `auto`.
     #[arg(long)]
-    pub phase_groups: Option<usize>,
+    pub phase_groups: Option<crate::engine::grouping::MaxGroups>,
     /// Where the demo checkpoint is cached.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,

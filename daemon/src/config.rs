@@ -6,6 +6,7 @@
 //! refused. Unknown keys are refused (serde's `deny_unknown_fields`), so a
 //! typo cannot silently leave a default in place.
 
+use crate::engine::grouping::{MaxGroups, MAX_FIXED_GROUPS};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -198,8 +199,10 @@ impl Default for RuntimeConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
-    /// Phase groups (1..=4): ticks at offsets of 80/G ms.
-    pub phase_groups: usize,
+    /// Most phase groups: a number 1..=4 or `"auto"` (up to 16). The engine
+    /// uses as many as load allows, each ticking 80/G ms after the previous.
+    #[serde(with = "max_groups_serde")]
+    pub phase_groups: MaxGroups,
     /// Time kept free in each group's budget, in milliseconds.
     pub budget_margin_ms: f64,
     /// Frames a slot may have queued at the engine before new ones are dropped.
@@ -211,10 +214,34 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            phase_groups: 1,
+            phase_groups: MaxGroups::Auto,
             budget_margin_ms: 10.0,
             queued_frames_per_slot: 4,
             warmup_steps: 3,
+        }
+    }
+}
+
+/// `engine.phase_groups` as JSON: a number, or `"auto"`.
+mod max_groups_serde {
+    use super::MaxGroups;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &MaxGroups, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(v, s)
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(usize),
+        Word(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<MaxGroups, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(MaxGroups::Fixed(n)),
+            Raw::Word(w) => w.parse().map_err(serde::de::Error::custom),
         }
     }
 }
@@ -614,14 +641,21 @@ impl Config {
             }
         }
         let e = &self.engine;
-        if !(1..=4).contains(&e.phase_groups) {
-            return Err(invalid("engine.phase_groups", "must be between 1 and 4"));
+        if let MaxGroups::Fixed(n) = e.phase_groups {
+            if !(1..=MAX_FIXED_GROUPS).contains(&n) {
+                return Err(invalid(
+                    "engine.phase_groups",
+                    "must be between 1 and 4, or \"auto\"",
+                ));
+            }
         }
-        let group_ms = crate::FRAME_MS / e.phase_groups as f64;
-        if !(0.0..group_ms).contains(&e.budget_margin_ms) {
+        if !(0.0..crate::FRAME_MS).contains(&e.budget_margin_ms) {
             return Err(invalid(
                 "engine.budget_margin_ms",
-                format!("must be at least 0 and below the group period {group_ms} ms"),
+                format!(
+                    "must be at least 0 and below the frame period {} ms",
+                    crate::FRAME_MS
+                ),
             ));
         }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {
@@ -845,7 +879,12 @@ mod tests {
     fn empty_object_is_the_default() {
         let c = parse("{}").unwrap();
         assert_eq!(c.listen.address.port(), 8998);
-        assert_eq!(c.engine.phase_groups, 1);
+        assert_eq!(c.engine.phase_groups, MaxGroups::Auto);
+        let c = parse(r#"{"engine": {"phase_groups": 4}}"#).unwrap();
+        assert_eq!(c.engine.phase_groups, MaxGroups::Fixed(4));
+        let c = parse(r#"{"engine": {"phase_groups": "auto"}}"#).unwrap();
+        assert_eq!(c.engine.phase_groups, MaxGroups::Auto);
+        assert!(parse(r#"{"engine": {"phase_groups": "many"}}"#).is_err());
     }
 
     #[test]
@@ -864,7 +903,7 @@ mod tests {
         assert!(e.contains("model.max_slots"), "{e}");
         let e = parse(r#"{"runtime": {"io_cores": 2, "io_cpus": [0]}}"#).unwrap_err();
         assert!(e.contains("runtime.io_cpus"), "{e}");
-        let e = parse(r#"{"engine": {"phase_groups": 4, "budget_margin_ms": 20}}"#).unwrap_err();
+        let e = parse(r#"{"engine": {"phase_groups": 4, "budget_margin_ms": 80}}"#).unwrap_err();
         assert!(e.contains("engine.budget_margin_ms"), "{e}");
     }
 

@@ -530,6 +530,12 @@ fn run_step(
     let _ = shared.t0.set(t0);
     ctx.gauge.store(n, Ordering::Relaxed);
     shared.go.wait();
+    // The groups halfway through, while every session streams.
+    let halfway = t0 + Duration::from_secs_f64(ctx.frames as f64 * moshid::FRAME_MS / 2000.0);
+    std::thread::sleep(halfway.saturating_duration_since(Instant::now()));
+    let groups = daemon::get_json(ctx.addr, "/capacity")
+        .ok()
+        .and_then(|v| report::GroupsSnapshot::from_capacity(&v));
     let mut outcomes: Vec<Outcome> = callers
         .into_iter()
         .map(|h| h.join().expect("caller thread panicked"))
@@ -547,6 +553,7 @@ fn run_step(
         machine_busy: (machine0.map(|m| m.0), machine1.map(|m| m.0)),
     };
     let mut step = summarize_step(ctx, n, &outcomes, before, after, window_s, cpu);
+    step.groups = groups;
     step.daemon_thread_cores = threads1
         .iter()
         .map(|(name, ms)| {
@@ -571,6 +578,15 @@ fn run_step(
         step.cpu_ms_per_stream_s_excl_engine = step.cpu_ms_per_stream_s.map(|c| c - engine);
     }
     eprintln!("{}", step_line(&step));
+    if let Some(g) = &step.groups {
+        eprintln!("       {}", g.line());
+    }
+    let p99s: Vec<String> = step
+        .per_stream_latency_ms
+        .iter()
+        .map(|l| fmt_opt(l.as_ref().map(|l| l.p99), 0))
+        .collect();
+    eprintln!("       per-stream p99 ms: {}", p99s.join(" "));
     let answer = outcomes.first_mut().and_then(|o| o.answer_pcm.take());
     Ok((step, answer))
 }
@@ -690,6 +706,11 @@ fn summarize_step(
         dropped_frames: after.dropped_frames.saturating_sub(before.dropped_frames),
         held: broke.is_empty(),
         broke,
+        per_stream_latency_ms: accepted
+            .iter()
+            .map(|o| stats::summarize(&mut o.matcher.latencies().to_vec()))
+            .collect(),
+        groups: None,
     }
 }
 

@@ -118,6 +118,65 @@ pub struct StepReport {
     pub held: bool,
     /// The criteria it broke.
     pub broke: Vec<String>,
+    /// Added latency of each accepted stream's frames (ms), in caller order.
+    pub per_stream_latency_ms: Vec<Option<Summary>>,
+    /// The daemon's phase groups halfway through the step (`/capacity`):
+    /// groups in use, and per group its tick's phase, its sessions and the
+    /// engine's measured wait of its frames (completion to step).
+    pub groups: Option<GroupsSnapshot>,
+}
+
+/// The daemon's phase groups at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupsSnapshot {
+    pub max_groups: String,
+    pub groups_in_use: u64,
+    pub groups: Vec<GroupLoad>,
+}
+
+/// One phase group's load and measured wait.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupLoad {
+    pub phase_ms: f64,
+    pub sessions: u64,
+    pub wait_ms: f64,
+}
+
+impl GroupsSnapshot {
+    /// From a `/capacity` body (`None` for a daemon that does not publish groups).
+    pub fn from_capacity(v: &serde_json::Value) -> Option<Self> {
+        let c = &v["capacity"];
+        let groups = c["groups"]
+            .as_array()?
+            .iter()
+            .map(|g| GroupLoad {
+                phase_ms: g["phase_ms"].as_f64().unwrap_or(0.0),
+                sessions: g["sessions"].as_u64().unwrap_or(0),
+                wait_ms: g["wait_ms"].as_f64().unwrap_or(0.0),
+            })
+            .collect();
+        Some(GroupsSnapshot {
+            max_groups: c["max_groups"].as_str().unwrap_or("").to_string(),
+            groups_in_use: c["groups_in_use"].as_u64()?,
+            groups,
+        })
+    }
+
+    /// `4 groups: 0ms×3 wait 9.1, 20ms×2 wait 7.0, …` (occupied groups only).
+    pub fn line(&self) -> String {
+        let occupied: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.sessions > 0)
+            .map(|g| format!("{:.0}ms×{} wait {:.1}", g.phase_ms, g.sessions, g.wait_ms))
+            .collect();
+        format!(
+            "{} of max {} groups: {}",
+            self.groups_in_use,
+            self.max_groups,
+            occupied.join(", ")
+        )
+    }
 }
 
 /// How the run was set up.

@@ -2,7 +2,9 @@
 //! of a phase group as one batch, fed and drained through the lanes.
 //!
 //! * [`records`]: what crosses the lanes.
-//! * [`admission`]: slots, groups, refusals, published capacity.
+//! * [`admission`]: slots, refusals, published capacity.
+//! * [`phase`]: a stream's phase, estimated from its frames' completion times.
+//! * [`grouping`]: which tick steps each stream, and how many groups load allows.
 //! * [`step_times`]: the measured step-time model admission relies on.
 //! * [`thread`]: the tick loop.
 //!
@@ -11,11 +13,16 @@
 //! tick allocates nothing.
 
 pub mod admission;
+pub mod grouping;
+#[cfg(test)]
+mod grouping_sim;
+pub mod phase;
 pub mod records;
 pub mod step_times;
 pub mod thread;
 
 use admission::AdmissionTable;
+use grouping::MaxGroups;
 use moshid_ringbuf::{lane, Doorbell, LaneReceiver, LaneSender};
 use records::{FromEngine, ToEngine};
 use serde::Serialize;
@@ -88,12 +95,17 @@ pub struct EngineShared {
     pub admission: Mutex<AdmissionTable>,
     /// Step-time model.
     pub step_times: StepTimes,
-    /// Budget of one group's step, in milliseconds.
+    /// Budget of the steps of one frame period (all groups together), in
+    /// milliseconds: what admission prices a new stream against.
     pub budget_ms: f64,
-    /// Phase groups.
-    pub phase_groups: usize,
+    /// The most phase groups.
+    pub phase_groups: MaxGroups,
+    /// The groups in use, as the engine last planned them.
+    pub groups: GroupBoard,
     /// Slots.
     pub max_slots: usize,
+    /// Time kept free per frame period, in milliseconds.
+    pub budget_margin_ms: f64,
     /// Set once warm-up is done.
     pub ready: AtomicBool,
     /// Asks the engine thread to finish.
@@ -113,18 +125,21 @@ pub struct EngineShared {
 }
 
 impl EngineShared {
-    /// Shared state for a model of `max_slots` over `phase_groups` groups.
+    /// Shared state for a model of `max_slots` over up to `phase_groups` groups.
     pub fn new(
         max_slots: usize,
-        phase_groups: usize,
+        phase_groups: impl Into<MaxGroups>,
         budget_margin_ms: f64,
         io_cores: usize,
     ) -> Self {
+        let phase_groups = phase_groups.into();
         EngineShared {
-            admission: Mutex::new(AdmissionTable::new(max_slots, phase_groups)),
+            admission: Mutex::new(AdmissionTable::new(max_slots)),
             step_times: StepTimes::new(max_slots),
-            budget_ms: crate::FRAME_MS / phase_groups as f64 - budget_margin_ms,
+            budget_ms: crate::FRAME_MS - budget_margin_ms,
             phase_groups,
+            groups: GroupBoard::new(phase_groups),
+            budget_margin_ms,
             max_slots,
             ready: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -175,7 +190,55 @@ impl EngineShared {
 
     /// The capacity snapshot.
     pub fn capacity(&self) -> admission::Capacity {
-        self.admission().capacity(&self.step_times, self.budget_ms)
+        self.admission()
+            .capacity(&self.step_times, self.budget_ms, &self.groups)
+    }
+}
+
+/// The engine's plan as published (single writer: the engine thread, once
+/// per tick; relaxed atomics, so a reader may see a plan half updated, never
+/// a torn value).
+pub struct GroupBoard {
+    /// The most groups.
+    pub max: MaxGroups,
+    /// Tick positions per period.
+    pub positions: usize,
+    /// Groups in use (`positions / groups` positions apart).
+    pub in_use: AtomicU64,
+    /// Sessions each position's group steps (by plan).
+    pub sessions: Vec<AtomicU64>,
+    /// Moving average of the wait of frames with a completion time (from
+    /// completion to the step), per position, in microseconds.
+    pub wait_us: Vec<AtomicU64>,
+    /// Streams moved from one group to another.
+    pub moves: AtomicU64,
+}
+
+impl GroupBoard {
+    /// A board for up to `max` groups.
+    pub fn new(max: MaxGroups) -> Self {
+        let positions = max.positions();
+        GroupBoard {
+            max,
+            positions,
+            in_use: AtomicU64::new(max.max() as u64),
+            sessions: (0..positions).map(|_| AtomicU64::new(0)).collect(),
+            wait_us: (0..positions).map(|_| AtomicU64::new(0)).collect(),
+            moves: AtomicU64::new(0),
+        }
+    }
+
+    /// Folds one frame's wait at `position` into its moving average (1/8).
+    pub fn observe_wait(&self, position: usize, wait_us: u64) {
+        if let Some(w) = self.wait_us.get(position) {
+            let old = w.load(Ordering::Relaxed);
+            let new = if old == 0 {
+                wait_us.max(1)
+            } else {
+                (old * 7 + wait_us) / 8
+            };
+            w.store(new.max(1), Ordering::Relaxed);
+        }
     }
 }
 

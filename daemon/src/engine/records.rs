@@ -38,6 +38,11 @@ pub struct ToEngine {
     /// When the frame was pushed, set only while stage metrics are on (the
     /// engine's `frame_wait` sample); `None` costs no clock read.
     pub pushed_at: Option<Instant>,
+    /// When the frame's last sample reached its I/O core, for transports
+    /// whose client decides when frames complete (WebSocket): the engine
+    /// measures the stream's phase from it. `None` where the transport
+    /// places the frame cut itself (telephony: aligned to its group's tick).
+    pub completed_at: Option<Instant>,
     /// 24 kHz mono samples (meaningful for `Frame`).
     pub pcm: [f32; FRAME_SAMPLES],
 }
@@ -49,6 +54,7 @@ impl Default for ToEngine {
             slot: 0,
             generation: 0,
             pushed_at: None,
+            completed_at: None,
             pcm: [0.0; FRAME_SAMPLES],
         }
     }

@@ -1,15 +1,21 @@
-//! The engine's tick loop: drain every lane, step phase group `g` as one
-//! batch, push each stream's output back to its core and ring the doorbells.
+//! The engine's tick loop: drain every lane, plan the phase groups, step the
+//! tick's group as one batch, push each stream's output back to its core and
+//! ring the doorbells.
 //!
 //! Invariants:
-//! * Ticks come from absolute deadlines (`start + n · period`), never from
-//!   the end of the previous step, so they do not drift. A tick that starts
-//!   over a quarter period late is counted as late and flagged on the
-//!   outputs it produces (each session counts its late frames); one over a
-//!   whole period late makes the schedule skip ahead rather than burst to
-//!   catch up.
-//! * A slot steps at most once per tick of its group, only with a frame
-//!   queued; a slot without one is masked out and does not advance.
+//! * Ticks come from absolute deadlines (`start + n · period`, `positions`
+//!   ticks per 80 ms frame, see [`super::grouping`]), never from the end of
+//!   the previous step, so they do not drift. A tick that steps its group
+//!   later than the plan allows (half the group spacing, plus a quarter of
+//!   the tick period) is counted as late and flagged on the outputs it
+//!   produces (each session counts its late frames); a schedule over a whole
+//!   frame behind skips ahead by whole frames rather than burst to catch up.
+//! * Which tick steps a slot is [`Grouping`]'s: a WebSocket frame's
+//!   completion stamp (set by its core as its last sample arrived) feeds the
+//!   slot's phase; the plan is made at every tick, before the step; moves
+//!   happen at frame boundaries. A slot steps at most once per tick, only
+//!   with a frame queued, oldest first; a slot without one is masked out and
+//!   does not advance.
 //! * Each frame taken from a session produces exactly one record back
 //!   (`Output`, `NoOutputYet`, `Dropped` or `Fault`), so sessions can count
 //!   their frames in flight.
@@ -20,6 +26,7 @@
 //!   slot queue and becomes its `frame_wait` sample when it is taken into a
 //!   batch.
 
+use super::grouping::{lateness_allowed_ms, Grouping};
 use super::records::{FromEngine, FromEngineKind, ToEngine, ToEngineKind};
 use super::{CoreLink, EngineShared};
 use crate::metrics::{Owner, Stage, StageRecorder};
@@ -35,17 +42,17 @@ struct EngineSlot {
     open: bool,
     generation: u32,
     core: usize,
-    group: u8,
     /// Index of the oldest queued frame in this slot's part of `queue`.
     queue_head: usize,
     /// Frames queued.
     queue_len: usize,
 }
 
-/// A tick that starts more than `period / LATE_TICK_FRACTION` after its
-/// deadline is late: counted by the engine, and flagged on every output it
-/// produces so each session counts its own late frames.
-const LATE_TICK_FRACTION: u32 = 4;
+/// A tick that steps its group more than the plan's allowed lateness plus
+/// `period / LATE_TICK_FRACTION` after its deadline is late: counted by the
+/// engine, and flagged on every output it produces so each session counts
+/// its own late frames.
+const LATE_TICK_FRACTION: f64 = 4.0;
 
 /// Called once per tick with the tick's start (the systemd watchdog hangs here).
 pub type TickHook = Box<dyn FnMut(Instant) + Send>;
@@ -65,6 +72,18 @@ pub struct Engine {
     /// Push stamp of each queued frame (`max_slots × queue_depth`; `None`
     /// when metrics were off at push).
     queue_stamps: Vec<Option<Instant>>,
+    /// Completion stamp of each queued frame (`max_slots × queue_depth`;
+    /// `None` for transports that place their frame cut).
+    queue_completed: Vec<Option<Instant>>,
+    /// Which tick steps each slot.
+    grouping: Grouping,
+    /// The engine's clock: phases are measured from here, ticks start here.
+    epoch: Instant,
+    /// Predicted step time per batch size, in milliseconds (refreshed once
+    /// per frame period from the shared step-time model).
+    step_table_ms: Vec<f64>,
+    /// Sessions per position (scratch for publishing the plan).
+    group_sizes: Vec<usize>,
     /// This thread's stage metrics (single writer).
     stages: StageRecorder,
     /// Scratch record for outputs.
@@ -87,9 +106,9 @@ impl Engine {
         let max_slots = model.max_slots();
         let batch = model.new_batch();
         let cores = links.len();
-        let stages = shared
-            .metrics
-            .register(Owner::Engine, shared.phase_groups, max_slots);
+        let grouping = Grouping::new(max_slots, shared.phase_groups, shared.budget_margin_ms);
+        let positions = grouping.positions();
+        let stages = shared.metrics.register(Owner::Engine, positions, max_slots);
         Engine {
             model,
             batch,
@@ -100,6 +119,11 @@ impl Engine {
             queue_end_of_input: vec![false; max_slots * queue_depth],
             queue_depth,
             queue_stamps: vec![None; max_slots * queue_depth],
+            queue_completed: vec![None; max_slots * queue_depth],
+            grouping,
+            epoch: Instant::now(),
+            step_table_ms: vec![0.0; max_slots + 1],
+            group_sizes: vec![0; positions],
             stages,
             out: FromEngine::default(),
             touched: vec![false; cores],
@@ -143,37 +167,35 @@ impl Engine {
 
     /// Runs ticks until `shared.stop` is set. Closes the doorbells on return.
     pub fn run(mut self) {
-        let groups = self.shared.phase_groups as u64;
-        let period = Duration::from_secs_f64(crate::FRAME_MS / 1000.0 / groups as f64);
+        let positions = self.grouping.positions() as u64;
+        let period = Duration::from_secs_f64(crate::FRAME_MS / 1000.0 / positions as f64);
+        let frame = period * positions as u32;
         let start = Instant::now();
+        self.epoch = start;
         let mut tick: u64 = 0;
         while !self.shared.stop.load(Ordering::Acquire) {
             let deadline = start + period.mul_f64(tick as f64);
             let now = Instant::now();
-            let mut late = false;
             if now < deadline {
                 std::thread::sleep(deadline - now);
-            } else if now - deadline > period / LATE_TICK_FRACTION {
-                self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
-                late = true;
             }
-            if now > deadline && now - deadline > period {
-                let behind = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
-                // Keep the group rotation: jump to the next tick of the same phase.
-                tick += (behind - tick) / groups * groups;
+            let behind = now.saturating_duration_since(deadline);
+            if behind > frame {
+                let due = ((now - start).as_secs_f64() / period.as_secs_f64()) as u64;
+                // Keep the rotation: jump by whole frames.
+                tick += (due - tick) / positions * positions;
             }
             // Read once per tick, after the sleep: frames stamped since the
             // switch went on are stepped by a tick that records.
             let metrics_on = self.shared.metrics.enabled();
-            if late && metrics_on {
-                self.stages.late_tick();
-            }
             if let Some(hook) = self.on_tick.as_mut() {
                 hook(Instant::now());
             }
-            self.out.late = late;
-            self.tick_with((tick % groups) as u8, metrics_on);
-            self.out.late = false;
+            let late_ms = Instant::now()
+                .saturating_duration_since(deadline)
+                .as_secs_f64()
+                * 1e3;
+            self.tick_with((tick % positions) as usize, late_ms, metrics_on);
             tick += 1;
         }
         self.drain_lanes(false);
@@ -182,18 +204,26 @@ impl Engine {
         }
     }
 
-    /// One tick of `group`: drain every lane, step the group's streams, send
-    /// their outputs. [`Engine::run`] calls it on schedule; benches call it
-    /// directly.
-    pub fn tick(&mut self, group: u8) {
+    /// One on-time tick at `position` (of [`Engine::positions`]): drain
+    /// every lane, step the streams the plan gives this tick, send their
+    /// outputs. [`Engine::run`] calls it on schedule; benches and tests call
+    /// it directly (streams without a measured phase all tick at position 0
+    /// while they fit its budget).
+    pub fn tick(&mut self, position: u8) {
         let metrics_on = self.shared.metrics.enabled();
-        self.tick_with(group, metrics_on);
+        self.tick_with(position as usize, 0.0, metrics_on);
     }
 
-    /// One tick with the metrics switch as read at its start.
-    fn tick_with(&mut self, group: u8, metrics_on: bool) {
+    /// Tick positions per frame period.
+    pub fn positions(&self) -> usize {
+        self.grouping.positions()
+    }
+
+    /// One tick, `late_ms` after its deadline, with the metrics switch as
+    /// read at its start.
+    fn tick_with(&mut self, position: usize, late_ms: f64, metrics_on: bool) {
         self.drain_lanes(metrics_on);
-        self.step_group(group, metrics_on);
+        self.step_group(position, late_ms, metrics_on);
     }
 
     /// Moves every record out of the lanes: opens, frames into slot queues
@@ -209,7 +239,10 @@ impl Engine {
                     slots,
                     queue,
                     queue_stamps,
+                    queue_completed,
                     queue_end_of_input,
+                    grouping,
+                    epoch,
                     ..
                 } = self;
                 let popped = links[core].from_core.pop_with(|rec: &ToEngine| {
@@ -225,6 +258,11 @@ impl Engine {
                                 let at = (s * queue_depth + idx) * FRAME_SAMPLES;
                                 queue[at..at + FRAME_SAMPLES].copy_from_slice(&rec.pcm);
                                 queue_stamps[s * queue_depth + idx] = rec.pushed_at;
+                                queue_completed[s * queue_depth + idx] = rec.completed_at;
+                                if let Some(done) = rec.completed_at {
+                                    let at_ns = done.saturating_duration_since(*epoch).as_nanos();
+                                    grouping.frame_completed(s, at_ns as u64);
+                                }
                                 queue_end_of_input[s * queue_depth + idx] =
                                     rec.kind == ToEngineKind::EndOfInput;
                                 slot.queue_len += 1;
@@ -256,20 +294,18 @@ impl Engine {
         if s >= self.slots.len() {
             return;
         }
-        let (params, group) = {
-            let mut a = self.shared.admission();
-            (a.take_params(slot), a.group_of(slot))
-        };
+        let params = self.shared.admission().take_params(slot);
         let params = params.unwrap_or_default();
         let was_open = self.slots[s].open;
         self.slots[s] = EngineSlot {
             open: true,
             generation,
             core,
-            group,
             queue_head: 0,
             queue_len: 0,
         };
+        // Placed by the next plan (this tick's), phase measured from its frames.
+        self.grouping.open(s);
         if !was_open {
             self.shared.open_slots.fetch_add(1, Ordering::Relaxed);
         }
@@ -289,6 +325,7 @@ impl Engine {
         }
         st.open = false;
         st.queue_len = 0;
+        self.grouping.close(s);
         self.shared.open_slots.fetch_sub(1, Ordering::Relaxed);
         self.shared.admission().release(slot, generation);
     }
@@ -312,38 +349,63 @@ impl Engine {
         }
     }
 
-    /// Steps every open slot of `group` that has a frame queued.
-    fn step_group(&mut self, group: u8, metrics_on: bool) {
-        // Metrics on: the moment the frames are taken into the batch.
-        let fill_start = if metrics_on {
-            Some(Instant::now())
-        } else {
-            None
-        };
-        let mut count = 0u64;
-        for (s, st) in self.slots.iter_mut().enumerate() {
-            let run = st.open && st.group == group && st.queue_len > 0;
-            self.batch.exec[s] = run;
-            if run {
-                let at = (s * self.queue_depth + st.queue_head) * FRAME_SAMPLES;
-                self.batch.input_pcm[s * FRAME_SAMPLES..(s + 1) * FRAME_SAMPLES]
-                    .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
-                self.batch.end_of_input[s] =
-                    self.queue_end_of_input[s * self.queue_depth + st.queue_head];
-                if let Some(taken) = fill_start {
-                    if let Some(pushed) = self.queue_stamps[s * self.queue_depth + st.queue_head] {
-                        self.stages
-                            .record(Stage::FrameWait, taken.saturating_duration_since(pushed));
-                    }
-                }
-                st.queue_head = (st.queue_head + 1) % self.queue_depth;
-                st.queue_len -= 1;
-                count += 1;
+    /// Plans the groups, then steps the slots the plan gives the tick at
+    /// `position` (each with its oldest queued frame).
+    fn step_group(&mut self, position: usize, late_ms: f64, metrics_on: bool) {
+        if position == 0 || self.step_table_ms[1] == 0.0 {
+            for (n, t) in self.step_table_ms.iter_mut().enumerate() {
+                *t = self.shared.step_times.predict_ms(n);
             }
         }
+        let table = &self.step_table_ms;
+        let step_ms = |n: usize| table[n.min(table.len() - 1)];
+        let plan = self.grouping.plan(&step_ms);
+        let slots = &self.slots;
+        let queued = |s: usize| if slots[s].open { slots[s].queue_len } else { 0 };
+        let count = self
+            .grouping
+            .select(position, late_ms, &queued, &step_ms, &mut self.batch.exec)
+            as u64;
+        let late = count > 0
+            && late_ms
+                > lateness_allowed_ms(plan.groups)
+                    + crate::FRAME_MS / self.grouping.positions() as f64 / LATE_TICK_FRACTION;
+        if late {
+            self.shared.stats.late_ticks.fetch_add(1, Ordering::Relaxed);
+            if metrics_on {
+                self.stages.late_tick();
+            }
+        }
+        // Metrics on: the moment the frames are taken into the batch.
+        let taken = Instant::now();
+        let fill_start = metrics_on.then_some(taken);
+        for (s, st) in self.slots.iter_mut().enumerate() {
+            if !self.batch.exec[s] {
+                continue;
+            }
+            let entry = s * self.queue_depth + st.queue_head;
+            let at = entry * FRAME_SAMPLES;
+            self.batch.input_pcm[s * FRAME_SAMPLES..(s + 1) * FRAME_SAMPLES]
+                .copy_from_slice(&self.queue[at..at + FRAME_SAMPLES]);
+            self.batch.end_of_input[s] = self.queue_end_of_input[entry];
+            if let Some(taken) = fill_start {
+                if let Some(pushed) = self.queue_stamps[entry] {
+                    self.stages
+                        .record(Stage::FrameWait, taken.saturating_duration_since(pushed));
+                }
+            }
+            if let Some(done) = self.queue_completed[entry] {
+                let wait = taken.saturating_duration_since(done).as_micros() as u64;
+                self.shared.groups.observe_wait(position, wait);
+            }
+            st.queue_head = (st.queue_head + 1) % self.queue_depth;
+            st.queue_len -= 1;
+        }
         if count == 0 {
+            self.finish_tick(position);
             return;
         }
+        self.out.late = late;
         let t = Instant::now();
         if let Some(fill_start) = fill_start {
             self.stages
@@ -352,8 +414,7 @@ impl Engine {
         let whole_batch_failed = self.model.step(&mut self.batch).is_err();
         let step_time = t.elapsed();
         if metrics_on {
-            self.stages
-                .model_step(group as usize, count as usize, step_time);
+            self.stages.model_step(position, count as usize, step_time);
             self.stages.frames(count);
         }
         let micros = step_time.as_micros().min(u32::MAX as u128) as u32;
@@ -382,7 +443,30 @@ impl Engine {
             let token = self.batch.text_token[s];
             self.send(st.core, kind, s as u32, st.generation, token, Some(s));
         }
+        self.out.late = false;
         self.ring_touched();
+        self.finish_tick(position);
+    }
+
+    /// Frame boundaries (slots with nothing queued take their target
+    /// group), then publishes the plan.
+    fn finish_tick(&mut self, position: usize) {
+        let slots = &self.slots;
+        let queued = |s: usize| if slots[s].open { slots[s].queue_len } else { 0 };
+        let moved = self
+            .grouping
+            .after_tick(position, &queued, &self.batch.exec);
+        let board = &self.shared.groups;
+        if moved > 0 {
+            board.moves.fetch_add(moved as u64, Ordering::Relaxed);
+        }
+        board
+            .in_use
+            .store(self.grouping.groups() as u64, Ordering::Relaxed);
+        self.grouping.sizes(&mut self.group_sizes);
+        for (a, &n) in board.sessions.iter().zip(&self.group_sizes) {
+            a.store(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Pushes one record to a core; the PCM comes from the batch output of `pcm_slot`.

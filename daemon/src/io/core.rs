@@ -73,7 +73,7 @@ impl CoreContext {
         let max_slots = engine.max_slots;
         let stages = engine
             .metrics
-            .register(Owner::Core(core), engine.phase_groups, max_slots);
+            .register(Owner::Core(core), engine.groups.positions, max_slots);
         Rc::new(CoreContext {
             core,
             port: RefCell::new(port),
@@ -173,13 +173,20 @@ impl CoreContext {
         pcm: &[f32; FRAME_SAMPLES],
         pushed_at: Option<Instant>,
     ) -> Result<(), PushError> {
-        let r = self.push(
-            ToEngineKind::Frame,
-            ticket.slot,
-            ticket.generation,
-            Some(pcm),
-            pushed_at,
-        );
+        self.send_completed_frame(ticket, pcm, pushed_at, None)
+    }
+
+    /// [`CoreContext::send_frame_at`] for a frame whose client decided when
+    /// it was complete: `completed_at` is when its last sample arrived here
+    /// (the engine tracks the stream's phase from it).
+    pub fn send_completed_frame(
+        &self,
+        ticket: Ticket,
+        pcm: &[f32; FRAME_SAMPLES],
+        pushed_at: Option<Instant>,
+        completed_at: Option<Instant>,
+    ) -> Result<(), PushError> {
+        let r = self.push_frame(ticket, pcm, pushed_at, completed_at);
         if r.is_err() {
             self.counters
                 .lane_full_frames
@@ -273,9 +280,27 @@ impl CoreContext {
         rec.slot = slot;
         rec.generation = generation;
         rec.pushed_at = pushed_at;
+        rec.completed_at = None;
         if let Some(pcm) = pcm {
             rec.pcm.copy_from_slice(pcm);
         }
+        self.port.borrow_mut().to_engine.try_push(&rec)
+    }
+
+    fn push_frame(
+        &self,
+        ticket: Ticket,
+        pcm: &[f32; FRAME_SAMPLES],
+        pushed_at: Option<Instant>,
+        completed_at: Option<Instant>,
+    ) -> Result<(), PushError> {
+        let mut rec = self.scratch.borrow_mut();
+        rec.kind = ToEngineKind::Frame;
+        rec.slot = ticket.slot;
+        rec.generation = ticket.generation;
+        rec.pushed_at = pushed_at;
+        rec.completed_at = completed_at;
+        rec.pcm.copy_from_slice(pcm);
         self.port.borrow_mut().to_engine.try_push(&rec)
     }
 

@@ -101,7 +101,20 @@ fn describe() {
     );
     describe_gauge!(
         "moshid_group_free_slots",
-        "Sessions each phase group could still admit now (free slots within its step-time budget)"
+        "Sessions that could still be admitted now (free slots within the period's step-time budget; groups merge to make room)"
+    );
+    describe_gauge!("moshid_groups_in_use", "Phase groups the engine steps now");
+    describe_gauge!(
+        "moshid_group_phase_ms",
+        "Offset of each phase group's tick in the 80 ms frame period"
+    );
+    describe_gauge!(
+        "moshid_group_wait_ms",
+        "Moving average of a frame's wait from its completion to its group's step"
+    );
+    describe_counter!(
+        "moshid_group_moves_total",
+        "Streams moved from one phase group to another (as their phase drifted or groups merged)"
     );
     describe_counter!(
         "moshid_sessions_admitted_total",
@@ -195,18 +208,6 @@ fn owns(owner: Owner, stage: Stage) -> bool {
     }
 }
 
-/// Sessions group `load` could still take within `budget_ms`, capped by `free`.
-fn group_headroom(shared: &EngineShared, load: usize, free: usize) -> usize {
-    let mut n = 0;
-    while n < free
-        && load + n < shared.max_slots
-        && shared.step_times.predict_ms(load + n + 1) <= shared.budget_ms
-    {
-        n += 1;
-    }
-    n
-}
-
 /// Reads everything and renders the Prometheus text of `GET /metrics`.
 pub fn render(shared: &EngineShared) -> String {
     let registry = &shared.metrics;
@@ -222,15 +223,15 @@ pub fn render(shared: &EngineShared) -> String {
         gauge!("moshid_active_sessions").set(cap.active_sessions as f64);
         gauge!("moshid_free_slots").set(cap.free_slots as f64);
         gauge!("moshid_accepting").set(if cap.accepting { 1.0 } else { 0.0 });
+        gauge!("moshid_groups_in_use").set(cap.groups_in_use as f64);
+        counter!("moshid_group_moves_total").absolute(cap.group_moves);
         for g in &cap.groups {
             let group = g.group.to_string();
             gauge!("moshid_group_sessions", "group" => group.clone()).set(g.sessions as f64);
-            let free = if cap.accepting {
-                group_headroom(shared, g.sessions, cap.free_slots)
-            } else {
-                0
-            };
-            gauge!("moshid_group_free_slots", "group" => group).set(free as f64);
+            gauge!("moshid_group_phase_ms", "group" => group.clone()).set(g.phase_ms);
+            gauge!("moshid_group_wait_ms", "group" => group.clone()).set(g.wait_ms);
+            // A new stream can join any group (groups merge to make room).
+            gauge!("moshid_group_free_slots", "group" => group).set(cap.admissible_sessions as f64);
         }
         counter!("moshid_sessions_admitted_total").absolute(cap.admitted_total);
         counter!("moshid_sessions_refused_total").absolute(cap.refused_total);

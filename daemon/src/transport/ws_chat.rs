@@ -437,7 +437,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         metrics_on: bool,
         decode_time: &mut Duration,
     ) -> Option<EndReason> {
-        let t = metrics_on.then(Instant::now);
+        // The frames this message completes became complete now (the
+        // engine measures the stream's phase from it).
+        let arrived = Instant::now();
+        let t = metrics_on.then_some(arrived);
         let pushed = self.buf.decoder.push_bytes(payload);
         if let Some(t) = t {
             *decode_time += t.elapsed();
@@ -471,11 +474,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     return Some(reason);
                 }
                 let pushed_at = metrics_on.then(Instant::now);
-                match self
-                    .app
-                    .ctx
-                    .send_frame_at(self.ticket, &self.buf.frame, pushed_at)
-                {
+                match self.app.ctx.send_completed_frame(
+                    self.ticket,
+                    &self.buf.frame,
+                    pushed_at,
+                    Some(arrived),
+                ) {
                     Ok(()) => {
                         self.in_flight += 1;
                         self.rec.frames_in += 1;
