@@ -1,7 +1,7 @@
 #!/bin/sh
 # Added latency against streams for 1 group, 4 groups and auto, measured side
 # by side in one run (same build, same machine, one after another under the
-# bench lock). Writes bench/reports/<UTC date>-phase/{1,4,auto}/.
+# bench lock, $MOSHID_BENCH_LOCK or /tmp/moshid-bench.lock). Writes bench/reports/<UTC date>-phase/{1,4,auto}/.
 #   bench/phase-groups.sh [RAMP] [STEP_SECONDS]
 # Build first:
 #   cargo build --release -p moshid -p moshid-bench --bin moshid --bin moshid-loadgen
@@ -10,9 +10,10 @@ ramp=${1:-1,8,16}
 step=${2:-10}
 out=bench/reports/$(date -u +%F)-phase
 cache=${MOSHID_CACHE:-/tmp/moshid-cache}
+lock=${MOSHID_BENCH_LOCK:-/tmp/moshid-bench.lock}
 mkdir -p "$out"
 for groups in 1 4 auto; do
-    flock /work/bench.lock target/release/moshid-loadgen \
+    flock "$lock" target/release/moshid-loadgen \
         --spawn target/release/moshid \
         --serve-args "--phase-groups $groups --max-slots 64 --cache-dir $cache" \
         --ramp "$ramp" --stop-on none --step-seconds "$step" \

@@ -607,10 +607,12 @@ fn jitter_buffer_feeds_one_frame_per_tick_through_impairments() {
     let answered = counter(&end, "frames_answered");
     assert!(ticks - answered <= 2, "{ticks} sent, {answered} answered");
     let cap = d.wait_idle();
-    assert_eq!(
-        cap["engine"]["frames_stepped"].as_u64(),
-        Some(answered),
-        "the engine stepped every frame the session sent: {cap:#}"
+    // The session ended (DELETE) with up to two frames in flight: the
+    // engine may still have stepped those, whose answers found no session.
+    let stepped = cap["engine"]["frames_stepped"].as_u64().unwrap();
+    assert!(
+        (answered..=ticks).contains(&stepped),
+        "the engine stepped {stepped} frames, the session sent {ticks} and got {answered} answers: {cap:#}"
     );
     assert_eq!(cap["rtp_sessions"], 0);
     println!(
