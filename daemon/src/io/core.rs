@@ -120,6 +120,7 @@ impl CoreContext {
                 ticket.generation,
                 None,
                 None,
+                None,
             )
             .is_err()
         {
@@ -161,6 +162,7 @@ impl CoreContext {
             ticket.generation,
             None,
             None,
+            None,
         )
     }
 
@@ -186,7 +188,14 @@ impl CoreContext {
         pushed_at: Option<Instant>,
         completed_at: Option<Instant>,
     ) -> Result<(), PushError> {
-        let r = self.push_frame(ticket, pcm, pushed_at, completed_at);
+        let r = self.push(
+            ToEngineKind::Frame,
+            ticket.slot,
+            ticket.generation,
+            Some(pcm),
+            pushed_at,
+            completed_at,
+        );
         if r.is_err() {
             self.counters
                 .lane_full_frames
@@ -223,6 +232,7 @@ impl CoreContext {
                 ticket.generation,
                 None,
                 None,
+                None,
             )
             .is_err()
         {
@@ -251,7 +261,7 @@ impl CoreContext {
             let mut pending = self.pending_closes.borrow_mut();
             while let Some(&(slot, generation)) = pending.last() {
                 if self
-                    .push(ToEngineKind::Close, slot, generation, None, None)
+                    .push(ToEngineKind::Close, slot, generation, None, None, None)
                     .is_err()
                 {
                     break;
@@ -274,33 +284,17 @@ impl CoreContext {
         generation: u32,
         pcm: Option<&[f32; FRAME_SAMPLES]>,
         pushed_at: Option<Instant>,
+        completed_at: Option<Instant>,
     ) -> Result<(), PushError> {
         let mut rec = self.scratch.borrow_mut();
         rec.kind = kind;
         rec.slot = slot;
         rec.generation = generation;
         rec.pushed_at = pushed_at;
-        rec.completed_at = None;
+        rec.completed_at = completed_at;
         if let Some(pcm) = pcm {
             rec.pcm.copy_from_slice(pcm);
         }
-        self.port.borrow_mut().to_engine.try_push(&rec)
-    }
-
-    fn push_frame(
-        &self,
-        ticket: Ticket,
-        pcm: &[f32; FRAME_SAMPLES],
-        pushed_at: Option<Instant>,
-        completed_at: Option<Instant>,
-    ) -> Result<(), PushError> {
-        let mut rec = self.scratch.borrow_mut();
-        rec.kind = ToEngineKind::Frame;
-        rec.slot = ticket.slot;
-        rec.generation = ticket.generation;
-        rec.pushed_at = pushed_at;
-        rec.completed_at = completed_at;
-        rec.pcm.copy_from_slice(pcm);
         self.port.borrow_mut().to_engine.try_push(&rec)
     }
 
