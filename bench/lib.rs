@@ -2,7 +2,10 @@
 //!
 //! [`ZeroCostModel`] is a model whose step does no work, so that a bench
 //! measures what moshid itself costs per stream-frame (lanes, batch fill,
-//! doorbells, codecs) rather than the model.
+//! doorbells, codecs) rather than the model. [`signal`] is the benchmarks'
+//! speech-like test signal.
+
+pub mod signal;
 
 use moshid_model::streaming::{Batch, ModelError, SessionParams, StreamingModel};
 

@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder};
 use moshid::FRAME_SAMPLES;
+use moshid_bench::signal::speech_like;
 
 /// CPU time of this thread in ns (/proc/thread-self/schedstat).
 fn thread_cpu_ns() -> u64 {
@@ -26,33 +27,13 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// Speech-like test signal: voiced harmonics with a moving pitch, syllable
-/// envelope and a little noise (deterministic).
+/// `frames` frames of the benchmarks' speech-like signal (the one the
+/// loadgen's callers send).
 fn signal(frames: usize) -> Vec<[f32; FRAME_SAMPLES]> {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut noise = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
-    let mut phase = 0f64;
-    (0..frames)
-        .map(|f| {
-            let mut frame = [0f32; FRAME_SAMPLES];
-            for (i, s) in frame.iter_mut().enumerate() {
-                let t = (f * FRAME_SAMPLES + i) as f64 / 24_000.0;
-                let pitch = 120.0 + 40.0 * (t * 1.3).sin();
-                phase += pitch / 24_000.0;
-                let env = (0.5 + 0.5 * (t * 2.0 * std::f64::consts::PI * 3.0).sin()).powi(2);
-                let mut v = 0f64;
-                for h in 1..12 {
-                    v += (phase * h as f64 * 2.0 * std::f64::consts::PI).sin() / h as f64;
-                }
-                *s = (0.2 * env * v) as f32 + 0.01 * noise();
-            }
-            frame
-        })
+    let pcm = speech_like(frames as f64 * 0.08 + 1.0, 1);
+    pcm.chunks_exact(FRAME_SAMPLES)
+        .take(frames)
+        .map(|c| c.try_into().expect("exact"))
         .collect()
 }
 
