@@ -4,21 +4,22 @@
 //!
 //! Why trim: each thread allocates from its own arena, and an arena returns
 //! memory to the system only from its top. Sessions come and go at
-//! different times, so freed chunks sit between live ones and their pages
-//! stay resident: the resident size follows the largest footprint the
-//! daemon has ever had — a running maximum that creeps up over hours as
-//! rarer peaks of concurrent sessions arrive — instead of what it holds
-//! now (measured in a 7-minute soak: after 6,500 sessions, idle, 59.6 MiB
-//! allocated, 72.4 MiB held by the allocator, RSS 74.4 MiB, up from 59.4 /
-//! 60.0 / 43.3 at the start). `malloc_trim(0)` walks every arena and
-//! `madvise(MADV_DONTNEED)`s the whole pages inside its free chunks, so the
-//! resident size comes back to what is allocated (the same 7-minute soak
-//! with it: 66.6 MiB idle at the end instead of 74.4). mimalloc, which
-//! returns pages by itself, was measured too: 90 MiB idle at the end,
-//! ~100 MiB under load (glibc: ~75); see bench/reports/README.md.
+//! different times, so chunks freed after a peak sit between live ones and
+//! their pages stay resident: without trimming, the resident size stays at
+//! the largest footprint since start (bounded: ~390 KiB per session and at
+//! most `max_slots` sessions) instead of what the daemon holds now
+//! (measured in a 7-minute soak: idle at the end, 59.6 MiB allocated, 12.8
+//! MiB free in the arenas, RSS 74.4 MiB). `malloc_trim(0)` walks every
+//! arena and `madvise(MADV_DONTNEED)`s the whole pages inside its free
+//! chunks, so the resident size comes back towards what is allocated (the
+//! same soak with it: 66.6 MiB idle at the end). Each trim took ~1.2 ms.
+//! mimalloc, which returns pages by itself, was measured too: ~100 MiB
+//! under the same load (glibc ~75) and 90 MiB idle at the end; see
+//! bench/reports/README.md.
 //!
-//! The slow creep of the resident size that soaks showed was not this but
-//! the model's lazily touched zero pages; see `moshid_model::alloc`.
+//! The slow creep of the resident size over a long soak was not the arenas
+//! but the model's zeroed state becoming resident page by page: see
+//! `moshid_model::alloc`.
 //!
 //! Invariants: only the main thread trims, never an I/O core or the engine
 //! (the trim takes each arena's lock for the walk, so a thread allocating
