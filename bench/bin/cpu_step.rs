@@ -5,6 +5,11 @@
 //!
 //! Input: the fixture's `pcm_in` streams (tiled to B) when the folder has an
 //! `io.safetensors`, otherwise a deterministic tone.
+//!
+//! `--by-position N`: also times every step and prints, per block of N
+//! positions, the block's mean step time (the best repeat): what a stream's
+//! position in the call costs, e.g. before and after its KV ring fills at
+//! the model's context (`--frames` past the context to see the wrap).
 
 use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::cpu::CpuModel;
@@ -44,6 +49,8 @@ fn main() {
     let batch: usize = arg(&args, "--batch", 8);
     let frames: usize = arg(&args, "--frames", 16);
     let repeats: usize = arg(&args, "--repeats", 5);
+    let block: usize = arg(&args, "--by-position", 0);
+    let mut step_s = vec![f64::INFINITY; frames];
     let dir =
         CheckpointDir::open(&model_dir).unwrap_or_else(|e| panic!("{}: {e}", model_dir.display()));
     let mut model = CpuModel::load(&dir, batch).expect("weights");
@@ -63,7 +70,7 @@ fn main() {
             b.exec[s] = true;
         }
         let start = Instant::now();
-        for t in 0..frames {
+        for (t, best_step_s) in step_s.iter_mut().enumerate() {
             for s in 0..batch {
                 let dst = &mut b.input_pcm[s * fs..(s + 1) * fs];
                 match &pcm {
@@ -80,7 +87,12 @@ fn main() {
                     }
                 }
             }
+            let t0 = Instant::now();
             model.step(&mut b).expect("step");
+            if block > 0 {
+                let dt = t0.elapsed().as_secs_f64();
+                *best_step_s = best_step_s.min(dt);
+            }
         }
         best = best.min(start.elapsed().as_secs_f64());
     }
@@ -89,4 +101,16 @@ fn main() {
         model_dir.display(),
         best * 1000.0 / frames as f64
     );
+    if block > 0 {
+        // Each position's fastest step over the repeats: the machine's
+        // noise only ever adds time.
+        for (i, chunk) in step_s.chunks(block).enumerate() {
+            let mean_ms = chunk.iter().sum::<f64>() * 1000.0 / chunk.len() as f64;
+            println!(
+                "{{\"positions\": [{}, {}], \"batch\": {batch}, \"ms_per_step\": {mean_ms:.4}}}",
+                i * block,
+                i * block + chunk.len()
+            );
+        }
+    }
 }

@@ -183,6 +183,11 @@ pub struct RuntimeConfig {
     /// CPU for the engine thread; `null` picks one not used by an I/O core
     /// when there is one.
     pub engine_cpu: Option<usize>,
+    /// How often the heap's free pages are given back to the system, in
+    /// milliseconds (glibc's `malloc_trim`, on the main thread; 0: never).
+    /// Without it the resident size follows the largest footprint the
+    /// daemon ever had (see `heap.rs`).
+    pub heap_trim_ms: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -191,6 +196,7 @@ impl Default for RuntimeConfig {
             io_cores: 1,
             io_cpus: None,
             engine_cpu: None,
+            heap_trim_ms: 10_000,
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod codec;
 pub mod config;
 pub mod engine;
 pub mod events;
+pub mod heap;
 pub mod http;
 pub mod hub;
 pub mod io;

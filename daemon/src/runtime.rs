@@ -213,6 +213,19 @@ pub struct Hooks {
     pub on_engine: Option<EngineHook>,
 }
 
+/// Waits for `stop` (a signal, or its sender gone); every `heap_trim_ms`
+/// (0: never) meanwhile, trims the heap ([`crate::heap`]).
+fn serve_until_stopped(stop: &mpsc::Receiver<()>, heap_trim_ms: u64) {
+    if heap_trim_ms == 0 {
+        let _ = stop.recv();
+        return;
+    }
+    let period = Duration::from_millis(heap_trim_ms);
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(period) {
+        crate::heap::trim();
+    }
+}
+
 /// Serves until `stop` reports a signal, then drains and returns.
 pub fn run(
     config: Config,
@@ -360,8 +373,8 @@ pub fn run(
         f(addr);
     }
 
-    // Serve until asked to stop.
-    let _ = stop.recv();
+    // Serve until asked to stop, giving the heap's free pages back now and then.
+    serve_until_stopped(&stop, config.runtime.heap_trim_ms);
     if let Some(f) = hooks.on_stopping.take() {
         f();
     }

@@ -25,8 +25,9 @@
 //!   `moshid_sessions_{admitted,refused}_total`, `moshid_engine_*` (read
 //!   from `EngineShared` and the admission table at scrape time),
 //!   `moshid_session_table_entries{table}` (every per-session table's size)
-//!   and the connection series `moshid_connections_*` (see
-//!   [`super::connections`]).
+//!   the connection series `moshid_connections_*` (see
+//!   [`super::connections`]) and `moshid_heap_bytes{kind}` (see
+//!   [`super::heap`]).
 //!
 //! Invariants: nothing here runs on the hot path; scrapes are serialised
 //! (one mutex) so that absolute values never go backwards between two
@@ -84,6 +85,7 @@ impl Exporter {
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge};
     super::connections::describe();
+    super::heap::describe();
     describe_gauge!(
         "moshid_session_table_entries",
         "Entries of each per-session table (all 0 when no session is open: leak checks)"
@@ -245,6 +247,7 @@ pub fn render(shared: &EngineShared) -> String {
         for (table, entries) in shared.session_tables() {
             gauge!("moshid_session_table_entries", "table" => table).set(entries as f64);
         }
+        super::heap::record();
         {
             let conns = registry.connections();
             super::connections::record(&conns.listeners, &conns.pending);

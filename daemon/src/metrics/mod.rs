@@ -6,6 +6,7 @@
 //! * [`export`]: `GET /metrics` — reads every thread's counters, folds them
 //!   into the `metrics` facade (counters, gauges) and renders Prometheus text
 //!   (histograms are written directly, exactly as counted).
+//! * [`heap`]: the heap (in use, free, arenas; trims), always on.
 //!
 //! The [`Registry`] lives in [`EngineShared`](crate::engine::EngineShared):
 //! it holds the switch and the `Arc` of every thread's counters, published
@@ -30,6 +31,7 @@
 
 pub mod connections;
 pub mod export;
+pub mod heap;
 pub mod histogram;
 pub mod stages;
 

@@ -67,6 +67,10 @@ pub struct Outcome {
     pub latencies: Vec<(f64, f64)>,
     /// Latencies of answers to frames past the model's context (ms).
     pub past_context_ms: Vec<f64>,
+    /// Long calls only: (index of the frame that released the answer,
+    /// added latency in ms) of every answer, to tell what the position in
+    /// the call (the KV ring's wrap) does from what the call's age does.
+    pub long_by_frame: Vec<(u32, f64)>,
     /// `end_reason.kind` of the server's record, when one came.
     pub end_reason: Option<String>,
 }
@@ -98,6 +102,7 @@ pub fn run(shared: &Shared, plan: Plan) -> Outcome {
         unanswered: 0,
         latencies: Vec::new(),
         past_context_ms: Vec::new(),
+        long_by_frame: Vec::new(),
         end_reason: None,
     };
     match connect(&shared.url, shared.connect_timeout) {
@@ -217,6 +222,9 @@ fn session(
                                 // Answer k was released by frame k + delay.
                                 if k + shared.model_delay >= shared.context_frames {
                                     out.past_context_ms.push(l);
+                                }
+                                if plan.long {
+                                    out.long_by_frame.push(((k + shared.model_delay) as u32, l));
                                 }
                             }
                         }

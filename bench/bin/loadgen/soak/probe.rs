@@ -99,6 +99,17 @@ pub struct Reading {
     /// Seconds since the run's epoch.
     pub t_s: f64,
     pub rss_kib: u64,
+    /// Anonymous part of the RSS (the heap, stacks; not the mapped weights).
+    pub rss_anon_kib: u64,
+    /// File-backed part of the RSS (the binary, mapped weights).
+    pub rss_file_kib: u64,
+    /// The daemon's heap (`moshid_heap_bytes`; 0 where absent), in KiB:
+    /// allocated and not freed.
+    pub heap_in_use_kib: u64,
+    /// Free chunks glibc keeps in its arenas (KiB).
+    pub heap_free_kib: u64,
+    /// glibc's arenas plus its separately mapped chunks (KiB).
+    pub heap_total_kib: u64,
     pub fds: usize,
     pub threads: usize,
     /// utime + stime so far (ms).
@@ -137,6 +148,8 @@ pub fn read(addr: SocketAddr, pid: Option<u32>, t_s: f64) -> Reading {
                 .unwrap_or(0)
         };
         r.rss_kib = field("VmRSS:");
+        r.rss_anon_kib = field("RssAnon:");
+        r.rss_file_kib = field("RssFile:");
         r.threads = field("Threads:") as usize;
         r.fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
         r.cpu_ms = sys::process_cpu_ms(pid).unwrap_or(0.0);
@@ -162,6 +175,12 @@ pub fn read(addr: SocketAddr, pid: Option<u32>, t_s: f64) -> Reading {
         r.lost_outputs = sum(&m, "moshid_engine_lost_outputs_total", "");
         r.steps = sum(&m, "moshid_engine_steps_total", "");
         r.refused_total = sum(&m, "moshid_sessions_refused_total", "");
+        let heap = |kind: &str| {
+            (sum(&m, "moshid_heap_bytes", &format!("kind=\"{kind}\"")) / 1024.0) as u64
+        };
+        r.heap_in_use_kib = heap("in_use");
+        r.heap_free_kib = heap("free");
+        r.heap_total_kib = heap("arena") + heap("mapped");
     }
     r
 }

@@ -64,6 +64,19 @@ pub struct Minute {
     /// At the minute's last reading.
     pub rss_mib: f64,
     pub rss_mib_max: f64,
+    /// Smallest reading of the minute (between session bursts).
+    pub rss_mib_min: f64,
+    /// Median of the minute's readings (less tied than its last reading to
+    /// how many sessions happen to be live at that second).
+    pub rss_mib_median: f64,
+    /// Anonymous RSS at the minute's last reading (heap, stacks).
+    pub rss_anon_mib: f64,
+    /// The daemon's heap at the minute's last reading (`moshid_heap_bytes`;
+    /// 0 where the daemon's allocator does not report it): allocated and
+    /// not freed, free but kept by the allocator, and the allocator's total.
+    pub heap_in_use_mib: f64,
+    pub heap_free_mib: f64,
+    pub heap_total_mib: f64,
     pub fds: usize,
     pub fds_max: usize,
     pub threads_max: usize,
@@ -104,6 +117,17 @@ pub struct Checks {
     pub rss_mib_after_warmup: (f64, f64),
     pub rss_spread_pct: f64,
     pub rss_flat_within_5pct: bool,
+    /// The heap's allocated bytes at the minutes' ends after warm-up: a leak
+    /// grows them, fragmentation does not.
+    pub heap_in_use_mib_after_warmup: (f64, f64),
+    /// The minutes' medians after warm-up, and their spread (%).
+    pub rss_median_mib_after_warmup: (f64, f64),
+    pub rss_median_spread_pct: f64,
+    /// Least-squares slope of the minutes' ends after warm-up (MiB/min).
+    pub rss_slope_mib_per_min: Option<f64>,
+    /// The same of the minutes' medians.
+    pub rss_median_slope_mib_per_min: Option<f64>,
+    pub heap_in_use_slope_mib_per_min: Option<f64>,
     pub fds_after_warmup: (usize, usize),
     pub threads_after_warmup: (usize, usize),
     pub table_max_after_warmup: [f64; 5],
@@ -139,8 +163,60 @@ pub struct Totals {
     pub latency_metrics_on_ms: Option<Summary>,
     /// Answers to frames past the model's context (the KV cache wrapped).
     pub past_context_latency_ms: Option<Summary>,
+    /// The long calls' answers by the position of their frame in the call.
+    pub long_calls_by_position: Vec<PositionBucket>,
     pub end_reasons: std::collections::BTreeMap<String, usize>,
     pub messages: Vec<String>,
+}
+
+/// The long calls' answers to frames `from_frame..to_frame`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PositionBucket {
+    pub from_frame: u32,
+    pub to_frame: u32,
+    pub latency_ms: Option<Summary>,
+    /// Each answer's latency minus the median of its own call's answers
+    /// to frames 0–49 (what the call gained since its start).
+    pub over_own_start_ms: Option<Summary>,
+}
+
+/// Frames per [`PositionBucket`].
+const POSITION_BUCKET_FRAMES: u32 = 25;
+
+/// The long calls' answers bucketed by frame position.
+fn by_position(outcomes: &[Outcome]) -> Vec<PositionBucket> {
+    let mut lat: Vec<Vec<f64>> = Vec::new();
+    let mut over: Vec<Vec<f64>> = Vec::new();
+    for o in outcomes.iter().filter(|o| !o.long_by_frame.is_empty()) {
+        let mut start: Vec<f64> = o
+            .long_by_frame
+            .iter()
+            .filter(|(f, _)| *f < 50)
+            .map(|x| x.1)
+            .collect();
+        let own_start = summarize(&mut start).map(|s| s.p50);
+        for &(frame, l) in &o.long_by_frame {
+            let b = (frame / POSITION_BUCKET_FRAMES) as usize;
+            if lat.len() <= b {
+                lat.resize(b + 1, Vec::new());
+                over.resize(b + 1, Vec::new());
+            }
+            lat[b].push(l);
+            if let Some(s) = own_start {
+                over[b].push(l - s);
+            }
+        }
+    }
+    lat.iter_mut()
+        .zip(over.iter_mut())
+        .enumerate()
+        .map(|(b, (l, o))| PositionBucket {
+            from_frame: b as u32 * POSITION_BUCKET_FRAMES,
+            to_frame: (b as u32 + 1) * POSITION_BUCKET_FRAMES,
+            latency_ms: summarize(l),
+            over_own_start_ms: summarize(o),
+        })
+        .collect()
 }
 
 /// The whole report (`soak.json`).
@@ -222,6 +298,12 @@ pub fn build(input: &Input<'_>) -> SoakReport {
             concurrent_max: 0,
             rss_mib: 0.0,
             rss_mib_max: 0.0,
+            rss_mib_min: f64::INFINITY,
+            rss_mib_median: 0.0,
+            rss_anon_mib: 0.0,
+            heap_in_use_mib: 0.0,
+            heap_free_mib: 0.0,
+            heap_total_mib: 0.0,
             fds: 0,
             fds_max: 0,
             threads_max: 0,
@@ -292,6 +374,13 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         m.deadline_misses = m.late_answers + m.unanswered;
         m.latency_ms = summarize(l);
     }
+    let mut rss_readings: Vec<Vec<f64>> = vec![Vec::new(); n_minutes];
+    for r in input.readings.iter().filter(|r| r.scraped) {
+        rss_readings[minute_of(r.t_s)].push(r.rss_kib as f64 / 1024.0);
+    }
+    for (m, v) in minutes.iter_mut().zip(rss_readings.iter_mut()) {
+        m.rss_mib_median = summarize(v).map_or(0.0, |s| s.p50);
+    }
     let mut per_minute_conc: Vec<Vec<usize>> = vec![Vec::new(); n_minutes];
     for &(t, c) in input.concurrency {
         per_minute_conc[minute_of(t)].push(c);
@@ -310,6 +399,11 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         let rss = r.rss_kib as f64 / 1024.0;
         m.rss_mib = rss;
         m.rss_mib_max = m.rss_mib_max.max(rss);
+        m.rss_mib_min = m.rss_mib_min.min(rss);
+        m.rss_anon_mib = r.rss_anon_kib as f64 / 1024.0;
+        m.heap_in_use_mib = r.heap_in_use_kib as f64 / 1024.0;
+        m.heap_free_mib = r.heap_free_kib as f64 / 1024.0;
+        m.heap_total_mib = r.heap_total_kib as f64 / 1024.0;
         m.fds = r.fds;
         m.fds_max = m.fds_max.max(r.fds);
         m.threads_max = m.threads_max.max(r.threads);
@@ -332,6 +426,9 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         previous = Some(r);
     }
     for (m, (cpu_ms, secs)) in minutes.iter_mut().zip(cpu) {
+        if !m.rss_mib_min.is_finite() {
+            m.rss_mib_min = 0.0; // no reading in this minute
+        }
         if secs > 0.0 && input.pid.is_some() {
             m.daemon_cores = Some(cpu_ms / 1000.0 / secs);
         }
@@ -352,6 +449,15 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         (rss_max - rss_min) / rss_min * 100.0
     } else {
         f64::NAN
+    };
+    let heap: Vec<f64> = judged.iter().map(|m| m.heap_in_use_mib).collect();
+    let medians: Vec<f64> = judged.iter().map(|m| m.rss_mib_median).collect();
+    let (med_min, med_max) = (
+        medians.iter().copied().fold(f64::INFINITY, f64::min),
+        medians.iter().copied().fold(0.0, f64::max),
+    );
+    let per_minute = |f: fn(&Minute) -> f64| -> Vec<(f64, f64)> {
+        judged.iter().map(|m| (m.minute as f64, f(m))).collect()
     };
     let fds: Vec<usize> = judged.iter().map(|m| m.fds_max).collect();
     let threads: Vec<usize> = judged.iter().map(|m| m.threads_max).collect();
@@ -393,6 +499,15 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         rss_mib_after_warmup: (rss_min, rss_max),
         rss_spread_pct,
         rss_flat_within_5pct: rss_spread_pct <= 5.0,
+        heap_in_use_mib_after_warmup: (
+            heap.iter().copied().fold(f64::INFINITY, f64::min),
+            heap.iter().copied().fold(0.0, f64::max),
+        ),
+        rss_median_mib_after_warmup: (med_min, med_max),
+        rss_median_spread_pct: (med_max - med_min) / med_min * 100.0,
+        rss_slope_mib_per_min: slope(&per_minute(|m| m.rss_mib)),
+        rss_median_slope_mib_per_min: slope(&per_minute(|m| m.rss_mib_median)),
+        heap_in_use_slope_mib_per_min: slope(&per_minute(|m| m.heap_in_use_mib)),
         fds_after_warmup: (
             fds.iter().copied().min().unwrap_or(0),
             fds.iter().copied().max().unwrap_or(0),
@@ -461,6 +576,7 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         latency_metrics_off_ms: summarize(&mut lat_off),
         latency_metrics_on_ms: summarize(&mut lat_on),
         past_context_latency_ms: summarize(&mut past_context),
+        long_calls_by_position: by_position(input.outcomes),
         end_reasons,
         messages,
     };
@@ -508,7 +624,8 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
 
     let mut csv = String::from(
         "minute,metrics_on,started,ended,end_of_input,close,abrupt,long_ended,refused,errors,skipped,\
-         concurrent_mean,concurrent_max,rss_mib,fds,threads_max,held_slots_max,pending_params_max,\
+         concurrent_mean,concurrent_max,rss_mib,rss_mib_min,rss_mib_median,rss_anon_mib,heap_in_use_mib,\
+         heap_free_mib,heap_total_mib,fds,threads_max,held_slots_max,pending_params_max,\
          engine_open_slots_max,routed_max,pending_closes_max,table_excess_max,connections_open_max,\
          connection_addresses_max,answers,p50_ms,p90_ms,p99_ms,max_ms,late,unanswered,\
          late_ticks,dropped_frames,daemon_cores\n",
@@ -518,7 +635,7 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
         let t = m.tables_max;
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.2},{},{:.2},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.2},{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             m.minute,
             m.metrics_on,
             m.sessions_started,
@@ -533,6 +650,12 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
             m.concurrent_mean,
             m.concurrent_max,
             m.rss_mib,
+            m.rss_mib_min,
+            m.rss_mib_median,
+            m.rss_anon_mib,
+            m.heap_in_use_mib,
+            m.heap_free_mib,
+            m.heap_total_mib,
             m.fds,
             m.threads_max,
             t[0],
@@ -560,7 +683,7 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
     written.push(path.display().to_string());
 
     let mut csv = String::from(
-        "t_s,rss_kib,fds,threads,cpu_ms,active_sessions,held_slots,pending_params,engine_open_slots,\
+        "t_s,rss_kib,rss_anon_kib,heap_in_use_kib,heap_free_kib,heap_total_kib,fds,threads,cpu_ms,active_sessions,held_slots,pending_params,engine_open_slots,\
          routed,pending_closes,connections_open,connection_addresses,connections_pending,\
          metrics_enabled,late_ticks,dropped_frames,steps\n",
     );
@@ -568,9 +691,13 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
         let t = r.tables;
         let _ = writeln!(
             csv,
-            "{:.2},{},{},{},{:.0},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.2},{},{},{},{},{},{},{},{:.0},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.t_s,
             r.rss_kib,
+            r.rss_anon_kib,
+            r.heap_in_use_kib,
+            r.heap_free_kib,
+            r.heap_total_kib,
             r.fds,
             r.threads,
             r.cpu_ms,
@@ -603,14 +730,37 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
         &path,
         &format!("Daemon resident memory{note}"),
         "minutes",
-        "RSS (MiB)",
-        &[(
-            "RSS",
-            readings
-                .iter()
-                .map(|r| (minutes_x(r), r.rss_kib as f64 / 1024.0))
-                .collect(),
-        )],
+        "MiB",
+        &[
+            (
+                "RSS",
+                readings
+                    .iter()
+                    .map(|r| (minutes_x(r), r.rss_kib as f64 / 1024.0))
+                    .collect(),
+            ),
+            (
+                "RSS anonymous",
+                readings
+                    .iter()
+                    .map(|r| (minutes_x(r), r.rss_anon_kib as f64 / 1024.0))
+                    .collect(),
+            ),
+            (
+                "heap total (allocator)",
+                readings
+                    .iter()
+                    .map(|r| (minutes_x(r), r.heap_total_kib as f64 / 1024.0))
+                    .collect(),
+            ),
+            (
+                "heap in use",
+                readings
+                    .iter()
+                    .map(|r| (minutes_x(r), r.heap_in_use_kib as f64 / 1024.0))
+                    .collect(),
+            ),
+        ],
         &[],
         false,
     )?;
@@ -702,6 +852,35 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
     )?;
     written.push(path.display().to_string());
 
+    let path = dir.join("position.svg");
+    let buckets = &report.totals.long_calls_by_position;
+    let at = |f: fn(&PositionBucket) -> Option<f64>| -> Vec<(f64, f64)> {
+        buckets
+            .iter()
+            .filter_map(|b| f(b).map(|v| (f64::from(b.from_frame + b.to_frame) / 2.0, v)))
+            .collect()
+    };
+    line_chart(
+        &path,
+        &format!(
+            "Long calls: added latency by frame position (context {} frames)",
+            input.args.context_frames
+        ),
+        "frame in the call",
+        "added latency (ms)",
+        &[
+            ("p50", at(|b| b.latency_ms.as_ref().map(|l| l.p50))),
+            ("p99", at(|b| b.latency_ms.as_ref().map(|l| l.p99))),
+            (
+                "p50 over the call's own start",
+                at(|b| b.over_own_start_ms.as_ref().map(|l| l.p50)),
+            ),
+        ],
+        &[("deadline", report.budget_ms)],
+        false,
+    )?;
+    written.push(path.display().to_string());
+
     let path = dir.join("sessions.svg");
     let per = |f: fn(&Minute) -> f64| -> Vec<(f64, f64)> {
         report
@@ -782,6 +961,17 @@ pub fn print(r: &SoakReport) {
         c.table_excess_max
     );
     println!(
+        "RSS per-minute median after warm-up {:.1}–{:.1} MiB ({:.2} %); heap in use {:.1}–{:.1} MiB; slopes: RSS {} (medians {}) MiB/min, heap in use {} MiB/min",
+        c.rss_median_mib_after_warmup.0,
+        c.rss_median_mib_after_warmup.1,
+        c.rss_median_spread_pct,
+        c.heap_in_use_mib_after_warmup.0,
+        c.heap_in_use_mib_after_warmup.1,
+        c.rss_slope_mib_per_min.map_or("-".into(), |v| format!("{v:+.3}")),
+        c.rss_median_slope_mib_per_min.map_or("-".into(), |v| format!("{v:+.3}")),
+        c.heap_in_use_slope_mib_per_min.map_or("-".into(), |v| format!("{v:+.3}")),
+    );
+    println!(
         "at the end: tables {:?}, connections (open, addresses, pending) {:?}: {}",
         c.tables_at_end,
         c.connections_at_end,
@@ -796,6 +986,19 @@ pub fn print(r: &SoakReport) {
             d.p99_slope_ms_per_min.map_or("-".into(), |v| format!("{v:+.3}")),
             fmt(d.p99_first3_ms),
             fmt(d.p99_last3_ms)
+        );
+    }
+    for b in &t.long_calls_by_position {
+        let (l, o) = (b.latency_ms.as_ref(), b.over_own_start_ms.as_ref());
+        println!(
+            "long calls, frames {:>3}–{:>3}: {:>5} answers, p50 {} p99 {} ms; over the call's own start: p50 {} p99 {} ms",
+            b.from_frame,
+            b.to_frame,
+            l.map_or(0, |l| l.count),
+            fmt(l.map(|l| l.p50)),
+            fmt(l.map(|l| l.p99)),
+            fmt(o.map(|o| o.p50)),
+            fmt(o.map(|o| o.p99)),
         );
     }
     for m in &t.messages {
