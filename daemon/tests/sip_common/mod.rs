@@ -175,7 +175,14 @@ pub fn sipp(
         .arg(free_udp_port().to_string())
         .args(["-m", &calls.to_string(), "-l", &calls.to_string()])
         .args(["-r", &rate.to_string()])
-        .args(["-nostdin", "-timeout", "120s", "-timeout_error", "-trace_err", "-error_file"])
+        .args([
+            "-nostdin",
+            "-timeout",
+            "120s",
+            "-timeout_error",
+            "-trace_err",
+            "-error_file",
+        ])
         .arg(&errors)
         .arg(target.to_string())
         .output()

@@ -12,8 +12,8 @@ use super::session::{self, MediaPath, NewSession, SessionSpec};
 use super::state::{SessionHandle, SessionInfo};
 use crate::events::webhook::WebhookUrl;
 use crate::io::app::CoreApp;
-use moshid_model::streaming::SessionParams;
 use crate::session::record::SessionRecord;
+use moshid_model::streaming::SessionParams;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -79,9 +79,8 @@ pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
     let media = MediaPath::new(&spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
         .map_err(|e| StartError::Internal(format!("cannot set up the audio path: {e}")))?;
     let bind_ip = cfg.rtp.bind_address.unwrap_or(cfg.listen.address.ip());
-    let socket = session::bind(bind_ip).map_err(|e| {
-        StartError::Internal(format!("cannot bind a UDP socket on {bind_ip}: {e}"))
-    })?;
+    let socket = session::bind(bind_ip)
+        .map_err(|e| StartError::Internal(format!("cannot bind a UDP socket on {bind_ip}: {e}")))?;
     let local = socket
         .local_addr()
         .map_err(|e| StartError::Internal(format!("UDP socket: {e}")))?;

@@ -34,7 +34,9 @@ impl Ids {
     /// A new 64-bit value (splitmix64 of key + counter).
     pub fn next(&mut self) -> u64 {
         self.counter += 1;
-        let mut z = self.key.wrapping_add(self.counter.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut z = self
+            .key
+            .wrapping_add(self.counter.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
@@ -185,7 +187,13 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let out = response(&r, 200, Some("t1"), &[format!("Allow: {ALLOW}")], Some("v=0\r\n"));
+        let out = response(
+            &r,
+            200,
+            Some("t1"),
+            &[format!("Allow: {ALLOW}")],
+            Some("v=0\r\n"),
+        );
         let m = parse(&out).unwrap();
         assert_eq!(
             m.start,

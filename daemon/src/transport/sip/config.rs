@@ -166,7 +166,9 @@ mod tests {
             Err("sip.allowed_sources")
         );
         assert_eq!(
-            check(r#"{"enabled": true, "address": "0.0.0.0:5060", "allowed_sources": ["10.0.0.2"]}"#),
+            check(
+                r#"{"enabled": true, "address": "0.0.0.0:5060", "allowed_sources": ["10.0.0.2"]}"#
+            ),
             Ok(())
         );
         assert_eq!(check(r#"{"max_dialogs": 0}"#), Err("sip.max_dialogs"));

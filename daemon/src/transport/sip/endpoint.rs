@@ -200,8 +200,7 @@ impl Endpoint {
             self.send(src, bytes);
             return;
         }
-        if !crate::transport::audiosocket::peer_allowed(&cfg(&self.app).allowed_sources, src.ip())
-        {
+        if !crate::transport::audiosocket::peer_allowed(&cfg(&self.app).allowed_sources, src.ip()) {
             self.counters.forbidden += 1;
             self.log_refusal(src, "not in sip.allowed_sources");
             self.respond(&req, &key, src, 403, None, &[], None, now);
@@ -262,7 +261,8 @@ impl Endpoint {
             .calls
             .iter()
             .filter(|(_, c)| {
-                c.peer == src && matches!(&c.state, CallState::Ending { branch: b, .. } if *b == branch)
+                c.peer == src
+                    && matches!(&c.state, CallState::Ending { branch: b, .. } if *b == branch)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -421,7 +421,11 @@ impl Endpoint {
             local_party: format!("{to_value};tag={local_tag}"),
             remote_party: req.msg.header("From").unwrap_or("").to_string(),
             remote_target,
-            route: req.msg.headers_named("Record-Route").map(str::to_string).collect(),
+            route: req
+                .msg
+                .headers_named("Record-Route")
+                .map(str::to_string)
+                .collect(),
             peer: src,
             remote_cseq: req.cseq,
             local_cseq: 0,
@@ -524,9 +528,10 @@ impl Endpoint {
             }
             Some((final_code, call)) => {
                 self.respond(req, key, src, 200, None, &[], None, now);
-                let ringing = call.as_ref().and_then(|ck| self.calls.get(ck)).is_some_and(|c| {
-                    matches!(c.state, CallState::Ringing { .. })
-                });
+                let ringing = call
+                    .as_ref()
+                    .and_then(|ck| self.calls.get(ck))
+                    .is_some_and(|c| matches!(c.state, CallState::Ringing { .. }));
                 if final_code.is_none() && ringing {
                     let ck = call.expect("ringing call");
                     let call = &self.calls[&ck];

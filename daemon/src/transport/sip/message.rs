@@ -134,7 +134,9 @@ fn head_end(data: &[u8]) -> Option<(usize, usize)> {
     if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
         return Some((i, i + 4));
     }
-    data.windows(2).position(|w| w == b"\n\n").map(|i| (i, i + 2))
+    data.windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|i| (i, i + 2))
 }
 
 /// For a TCP stream: the length of the first complete message in `data`,
@@ -323,7 +325,8 @@ pub fn parse_via(v: &str) -> Result<Via, ParseError> {
         .split_once(char::is_whitespace)
         .ok_or_else(|| bad("bad Via"))?;
     let mut p = proto.split('/');
-    let (Some(name), Some(version), Some(transport), None) = (p.next(), p.next(), p.next(), p.next())
+    let (Some(name), Some(version), Some(transport), None) =
+        (p.next(), p.next(), p.next(), p.next())
     else {
         return Err(bad("bad Via protocol"));
     };
@@ -497,10 +500,9 @@ pub fn parse_request(data: &[u8]) -> Result<Option<Request>, Refused> {
     if matches!(msg.start, StartLine::Response { .. }) {
         return Ok(None);
     }
-    Request::from_message(msg).map(Some).map_err(|why| Refused {
-        request: None,
-        why,
-    })
+    Request::from_message(msg)
+        .map(Some)
+        .map_err(|why| Refused { request: None, why })
 }
 
 #[cfg(test)]
@@ -532,10 +534,7 @@ mod tests {
         assert_eq!(r.call_id, "call-1@127.0.0.1");
         assert_eq!((r.cseq, r.cseq_method.as_str()), (1, "INVITE"));
         assert_eq!(r.msg.body, b"v=0\r");
-        assert_eq!(
-            r.msg.header("Subject"),
-            Some("folded over two lines")
-        );
+        assert_eq!(r.msg.header("Subject"), Some("folded over two lines"));
         assert!(r.check().is_ok());
     }
 
@@ -616,14 +615,28 @@ mod tests {
         };
         assert_eq!(check(base("INVITE sip:b@h SIP/2.0", "1 BYE", "")), Err(400));
         assert_eq!(
-            check(base("INVITE sip:b@h SIP/2.0", "1 INVITE", "Max-Forwards: 0\r\n")),
+            check(base(
+                "INVITE sip:b@h SIP/2.0",
+                "1 INVITE",
+                "Max-Forwards: 0\r\n"
+            )),
             Err(483)
         );
         assert_eq!(
-            check(base("INVITE sip:b@h SIP/2.0", "1 INVITE", "Max-Forwards: x\r\n")),
+            check(base(
+                "INVITE sip:b@h SIP/2.0",
+                "1 INVITE",
+                "Max-Forwards: x\r\n"
+            )),
             Err(400)
         );
-        assert_eq!(check(base("INVITE http://b SIP/2.0", "1 INVITE", "")), Err(416));
-        assert_eq!(check(base("INVITE sip:b@h SIP/2.0", "1 INVITE", "")), Ok(()));
+        assert_eq!(
+            check(base("INVITE http://b SIP/2.0", "1 INVITE", "")),
+            Err(416)
+        );
+        assert_eq!(
+            check(base("INVITE sip:b@h SIP/2.0", "1 INVITE", "")),
+            Ok(())
+        );
     }
 }

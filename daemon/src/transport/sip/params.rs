@@ -44,10 +44,15 @@ mod tests {
         cfg.params.insert("seed".into(), "1".into());
         let uri = SipUri::parse("sip:agent;seed=3@h;text_temperature=0.5").unwrap();
         let p = pairs_for(&cfg, &uri).unwrap();
-        assert_eq!(p.last().unwrap(), &("text_temperature".into(), "0.5".into()));
+        assert_eq!(
+            p.last().unwrap(),
+            &("text_temperature".into(), "0.5".into())
+        );
         assert_eq!(p.iter().filter(|(k, _)| k == "seed").last().unwrap().1, "3");
-        cfg.users
-            .insert("agent".into(), [("seed".to_string(), "9".to_string())].into());
+        cfg.users.insert(
+            "agent".into(),
+            [("seed".to_string(), "9".to_string())].into(),
+        );
         let p = pairs_for(&cfg, &SipUri::parse("sip:agent@h").unwrap()).unwrap();
         assert_eq!(p.last().unwrap().1, "9");
         assert_eq!(

@@ -110,14 +110,14 @@ fn static_format(pt: u8) -> Option<(&'static str, u32, u32)> {
 
 /// Reads an offer.
 pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
-    let sdp =
-        sdp_types::Session::parse(body).map_err(|e| OfferError::Malformed(e.to_string()))?;
+    let sdp = sdp_types::Session::parse(body).map_err(|e| OfferError::Malformed(e.to_string()))?;
     if sdp.medias.len() > MAX_MEDIA {
         return Err(OfferError::NotAcceptable(format!(
             "more than {MAX_MEDIA} media lines"
         )));
     }
-    let proto_ok = |p: &str| p.eq_ignore_ascii_case("RTP/AVP") || p.eq_ignore_ascii_case("RTP/AVPF");
+    let proto_ok =
+        |p: &str| p.eq_ignore_ascii_case("RTP/AVP") || p.eq_ignore_ascii_case("RTP/AVPF");
     let other_media = sdp
         .medias
         .iter()
@@ -128,7 +128,10 @@ pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
         .iter()
         .position(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0 && proto_ok(&m.proto))
     else {
-        let why = if sdp.medias.iter().any(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0)
+        let why = if sdp
+            .medias
+            .iter()
+            .any(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0)
         {
             "the audio line is not RTP/AVP (no SRTP here)"
         } else {
@@ -268,7 +271,12 @@ fn codec_of(f: &Format) -> Option<CodecSpec> {
 }
 
 /// Picks the first codec of `preference` the offer has.
-pub fn negotiate(offer: &Offer, preference: &[String], dtmf: bool, default_ptime_ms: u32) -> Negotiation {
+pub fn negotiate(
+    offer: &Offer,
+    preference: &[String],
+    dtmf: bool,
+    default_ptime_ms: u32,
+) -> Negotiation {
     for want in preference {
         for f in &offer.formats {
             let Some(codec) = codec_of(f) else { continue };
@@ -388,7 +396,10 @@ mod tests {
         let Negotiation::Agreed(c) = negotiate(&o, &prefs(&["PCMU", "opus"]), true, 20) else {
             panic!()
         };
-        assert_eq!((c.codec, c.pt, c.dtmf_pt, c.ptime_ms), (CodecSpec::PCMU, 0, Some(101), 40));
+        assert_eq!(
+            (c.codec, c.pt, c.dtmf_pt, c.ptime_ms),
+            (CodecSpec::PCMU, 0, Some(101), 40)
+        );
         let Negotiation::Agreed(c) = negotiate(&o, &prefs(&["opus"]), true, 20) else {
             panic!()
         };
@@ -461,7 +472,10 @@ mod tests {
             let sdp = format!("{base}c=IN IP4 127.0.0.1\r\n{fmt}");
             let o = parse_offer(sdp.as_bytes()).unwrap();
             assert!(
-                matches!(negotiate(&o, &prefs(&["opus", "PCMU", "PCMA", "L16"]), true, 20), Negotiation::NoCodec(_)),
+                matches!(
+                    negotiate(&o, &prefs(&["opus", "PCMU", "PCMA", "L16"]), true, 20),
+                    Negotiation::NoCodec(_)
+                ),
                 "{fmt}"
             );
         }

@@ -126,7 +126,14 @@ impl Table {
     }
 
     /// Starts a transaction; false when `max` are live.
-    pub fn open(&mut self, key: String, peer: SocketAddr, now: Instant, t: &Timers, max: usize) -> bool {
+    pub fn open(
+        &mut self,
+        key: String,
+        peer: SocketAddr,
+        now: Instant,
+        t: &Timers,
+        max: usize,
+    ) -> bool {
         if self.txs.len() >= max {
             return false;
         }
@@ -147,7 +154,15 @@ impl Table {
 
     /// Records a response sent in transaction `key` (`invite`: whether it
     /// is an INVITE transaction, whose non-2xx finals are retransmitted).
-    pub fn responded(&mut self, key: &str, bytes: &[u8], code: u16, invite: bool, now: Instant, t: &Timers) {
+    pub fn responded(
+        &mut self,
+        key: &str,
+        bytes: &[u8],
+        code: u16,
+        invite: bool,
+        now: Instant,
+        t: &Timers,
+    ) {
         let Some(tx) = self.txs.get_mut(key) else {
             return;
         };

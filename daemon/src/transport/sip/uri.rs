@@ -102,8 +102,9 @@ mod tests {
 
     #[test]
     fn reads_users_and_params() {
-        let u = SipUri::parse("sip:agent;seed=3@10.0.0.5:5060;text_temperature=0.5;transport=udp?x=y")
-            .unwrap();
+        let u =
+            SipUri::parse("sip:agent;seed=3@10.0.0.5:5060;text_temperature=0.5;transport=udp?x=y")
+                .unwrap();
         assert_eq!(u.user.as_deref(), Some("agent"));
         assert_eq!(u.host, "10.0.0.5:5060");
         assert_eq!(
