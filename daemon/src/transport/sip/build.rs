@@ -32,7 +32,7 @@ impl Ids {
     }
 
     /// A new 64-bit value (splitmix64 of key + counter).
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.counter += 1;
         let mut z = self
             .key
@@ -44,12 +44,12 @@ impl Ids {
 
     /// A To/From tag.
     pub fn tag(&mut self) -> String {
-        format!("{:016x}", self.next())
+        format!("{:016x}", self.next_u64())
     }
 
     /// An RFC 3261 branch (magic cookie first).
     pub fn branch(&mut self) -> String {
-        format!("z9hG4bK{:016x}", self.next())
+        format!("z9hG4bK{:016x}", self.next_u64())
     }
 }
 

@@ -114,7 +114,7 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
             return Err(("sip.codecs", format!("`{name}` is listed twice")));
         }
     }
-    if !(10..=60).contains(&c.ptime_ms) || c.ptime_ms % 10 != 0 {
+    if !(10..=60).contains(&c.ptime_ms) || !c.ptime_ms.is_multiple_of(10) {
         return Err(("sip.ptime_ms", "must be 10 to 60 in steps of 10".into()));
     }
     if c.t1_ms == 0 || c.t1_ms > 10_000 {

@@ -406,7 +406,7 @@ impl Endpoint {
         started.handle.set_send_paused(!offer.direction.we_send());
         let local_tag = self.ids.tag();
         let media = SocketAddr::new(started.address, started.port);
-        let sdp_id = self.ids.next() >> 1;
+        let sdp_id = self.ids.next_u64() >> 1;
         let answer = sdp::write_answer(&offer, &choice, media, sdp_id, 1);
         let to_value = req.msg.header("To").unwrap_or("").to_string();
         let remote_target = req

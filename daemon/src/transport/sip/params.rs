@@ -24,10 +24,7 @@ pub fn pairs_for(cfg: &SipConfig, uri: &SipUri) -> Result<Vec<(String, String)>,
         .collect();
     if !cfg.users.is_empty() {
         let user = uri.user.clone().unwrap_or_default();
-        let entry = cfg
-            .users
-            .get(&user)
-            .ok_or_else(|| ParamsError::UnknownUser(user))?;
+        let entry = cfg.users.get(&user).ok_or(ParamsError::UnknownUser(user))?;
         pairs.extend(entry.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     pairs.extend(uri.params.iter().cloned());
@@ -48,7 +45,7 @@ mod tests {
             p.last().unwrap(),
             &("text_temperature".into(), "0.5".into())
         );
-        assert_eq!(p.iter().filter(|(k, _)| k == "seed").last().unwrap().1, "3");
+        assert_eq!(p.iter().rev().find(|(k, _)| k == "seed").unwrap().1, "3");
         cfg.users.insert(
             "agent".into(),
             [("seed".to_string(), "9".to_string())].into(),
