@@ -130,3 +130,39 @@ for name, body in {
     "opus": {"codec": "opus", "payload_type": 111, "ptime_ms": 40},
 }.items():
     write("rtp_control_json", name, json.dumps(body).encode())
+
+# sdp_offer and sip_message: offers as sipp and baresip send them, and the
+# requests of a call.
+SDP = {
+    "pcmu": "v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+            "m=audio 6000 RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:101 telephone-event/8000\r\n"
+            "a=fmtp:101 0-16\r\na=ptime:20\r\n",
+    "opus-baresip": "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+            "m=audio 10000 RTP/AVP 96 0 8 101\r\na=rtpmap:96 opus/48000/2\r\na=fmtp:96 stereo=1;sprop-stereo=1\r\n"
+            "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\na=label:1\r\na=ssrc:1 cname:x\r\n"
+            "m=video 0 RTP/AVP 97\r\n",
+    "l16-hold": "v=0\r\no=- 1 3 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 0.0.0.0\r\nt=0 0\r\n"
+            "m=audio 4000 RTP/AVP 97\r\na=rtpmap:97 L16/16000\r\na=sendonly\r\n",
+}
+for name, sdp in SDP.items():
+    write("sdp_offer", name, sdp.encode())
+
+def sip(method, extra="", body="", uri="sip:moshi@127.0.0.1:5060;seed=7", tag=""):
+    to_tag = f";tag={tag}" if tag else ""
+    head = (f"{method} {uri} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-1-0;rport\r\n"
+            f"From: sipp <sip:sipp@127.0.0.1:5061>;tag=1\r\nTo: <sip:moshi@127.0.0.1>{to_tag}\r\n"
+            f"Call-ID: 1-1@127.0.0.1\r\nCSeq: 1 {method}\r\nContact: <sip:sipp@127.0.0.1:5061>\r\n"
+            f"Max-Forwards: 70\r\n{extra}")
+    if body:
+        head += f"Content-Type: application/sdp\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    else:
+        head += "Content-Length: 0\r\n\r\n"
+    return head.encode()
+
+write("sip_message", "invite", sip("INVITE", body=SDP["pcmu"]))
+write("sip_message", "options", sip("OPTIONS"))
+write("sip_message", "bye", sip("BYE", tag="abc"))
+write("sip_message", "response", b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKx\r\n"
+      b"From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n")
+write("sip_message", "compact", b"OPTIONS sip:h SIP/2.0\r\nv: SIP/2.0/TCP h, SIP/2.0/UDP g\r\nf: <sip:a@h>;tag=1\r\n"
+      b"t: sip:b@h\r\ni: x\r\nCSeq: 1 OPTIONS\r\nl: 0\r\n\r\n")

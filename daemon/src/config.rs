@@ -578,6 +578,8 @@ pub struct Config {
     pub media_streams: MediaStreamsConfig,
     /// Live session events and webhooks.
     pub events: crate::events::EventsConfig,
+    /// The SIP endpoint.
+    pub sip: crate::transport::sip::config::SipConfig,
 }
 
 impl Config {
@@ -834,6 +836,8 @@ impl Config {
             }
         }
         crate::events::config::validate(&self.events, s.webhook_url.as_deref())
+            .map_err(|(key, why)| invalid(key, why))?;
+        crate::transport::sip::config::validate(&self.sip, l.address)
             .map_err(|(key, why)| invalid(key, why))?;
         if self.media_streams.max_pending_marks == 0 {
             return Err(invalid(

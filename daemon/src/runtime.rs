@@ -305,6 +305,9 @@ pub fn run(
     if config.audiosocket.enabled {
         crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
     }
+    if config.sip.enabled {
+        crate::transport::sip::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
+    }
     let (bound_tx, bound_rx) = mpsc::channel::<Bound>();
     let mut executors = Vec::new();
     let mut addr = config.listen.address;
@@ -312,6 +315,7 @@ pub fn run(
         .audiosocket
         .enabled
         .then_some(config.audiosocket.address);
+    let mut sip_addr = config.sip.enabled.then_some(config.sip.address);
     for (core, port) in ports.into_iter().enumerate() {
         let cpu = placement.io_cpus[core];
         let ex = spawn_core(
@@ -319,6 +323,7 @@ pub fn run(
             cpu,
             addr,
             audiosocket_addr,
+            sip_addr,
             port,
             engine_shared.clone(),
             shared.clone(),
@@ -328,9 +333,10 @@ pub fn run(
         executors.push(ex);
         // Core 0 binds first so that port 0 resolves once for every core.
         match bound_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok((a, s))) => {
+            Ok(Ok((a, s, sip))) => {
                 addr = a;
                 audiosocket_addr = s;
+                sip_addr = sip;
             }
             Ok(Err(e)) => bail!("{e}"),
             Err(_) => bail!("I/O core {core} did not start"),
@@ -368,6 +374,13 @@ pub fn run(
             config.runtime.io_cores
         );
         println!("audiosocket listening on {a}");
+    }
+    if let Some(a) = sip_addr {
+        eprintln!(
+            "<6>sip: listening on {a} (UDP, {} I/O core(s))",
+            config.runtime.io_cores
+        );
+        println!("sip listening on udp {a}");
     }
     if let Some(f) = hooks.on_ready.take() {
         f(addr);
@@ -411,9 +424,9 @@ pub fn run(
     Ok(())
 }
 
-/// What a core reports once bound: the listener's address and the
-/// AudioSocket listener's, if any.
-type Bound = Result<(SocketAddr, Option<SocketAddr>), String>;
+/// What a core reports once bound: the listener's address, the
+/// AudioSocket listener's and the SIP socket's, if any.
+type Bound = Result<(SocketAddr, Option<SocketAddr>, Option<SocketAddr>), String>;
 
 #[allow(clippy::too_many_arguments)]
 fn spawn_core(
@@ -421,6 +434,7 @@ fn spawn_core(
     cpu: usize,
     addr: SocketAddr,
     audiosocket_addr: Option<SocketAddr>,
+    sip_addr: Option<SocketAddr>,
     port: CorePort,
     engine: Arc<EngineShared>,
     shared: Arc<Shared>,
@@ -460,14 +474,34 @@ fn spawn_core(
             let audiosocket_local = audiosocket
                 .as_ref()
                 .map(|l| l.local_addr().unwrap_or(audiosocket_addr.expect("bound")));
+            // SIP over UDP: one SO_REUSEPORT socket per core.
+            let sip = match sip_addr {
+                None => None,
+                Some(a) => match crate::transport::sip::udp::bind(a) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        let _ = bound.send(Err(format!(
+                            "config key `sip.address`: I/O core {core} cannot bind UDP {a}: {e}"
+                        )));
+                        return;
+                    }
+                },
+            };
+            let sip_local = sip
+                .as_ref()
+                .map(|s| s.local_addr().unwrap_or(sip_addr.expect("bound")));
             let ctx = CoreContext::new(core, port, engine);
             let app = CoreApp::new(ctx.clone(), shared);
             let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
             let mut audiosocket_acceptor = audiosocket.map(|l| {
                 glommio::spawn_local(crate::transport::audiosocket::accept_loop(l, app.clone()))
             });
+            // SIP keeps serving while draining: calls end with BYEs.
+            let _sip_task = sip.map(|s| {
+                glommio::spawn_local(crate::transport::sip::udp::serve(s, app.clone()))
+            });
             let acceptor = glommio::spawn_local(accept_loop(listener, app));
-            let _ = bound.send(Ok((local, audiosocket_local)));
+            let _ = bound.send(Ok((local, audiosocket_local, sip_local)));
             let mut acceptor = Some(acceptor);
             loop {
                 glommio::timer::sleep(HOUSEKEEPING_PERIOD).await;

@@ -57,6 +57,8 @@ static START_LOCK: Mutex<()> = Mutex::new(());
 pub struct Daemon {
     child: Child,
     pub addr: SocketAddr,
+    /// The SIP endpoint's UDP address, when `sip.enabled`.
+    pub sip: Option<SocketAddr>,
     stderr_path: PathBuf,
     dir: tempfile::TempDir,
     /// For a daemon with built-in TLS: how the helpers' requests trust it.
@@ -200,6 +202,7 @@ impl Daemon {
         let mut daemon = Daemon {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            sip: None,
             stderr_path,
             dir,
             tls,
@@ -220,6 +223,11 @@ impl Daemon {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
+                    if let Some(a) = line.trim().strip_prefix("sip listening on udp ") {
+                        daemon.sip = Some(a.parse().unwrap_or_else(|e| {
+                            panic!("bad SIP address in {line:?}: {e}")
+                        }));
+                    }
                     if let Some(addr) = line.trim().strip_prefix(prefix.as_str()) {
                         daemon.addr = addr.parse().unwrap_or_else(|e| {
                             panic!("bad address in {line:?}: {e}")

@@ -3,5 +3,6 @@
 pub mod audiosocket;
 pub mod media_streams;
 pub mod rtp;
+pub mod sip;
 pub mod ws_chat;
 pub mod ws_out;

@@ -21,18 +21,17 @@
 //! Errors are JSON `{"error": …}` naming the field at fault (400), the
 //! session (404), or why no session can be made now (503).
 
-use super::session::{self, MediaPath, NewSession, SessionSpec};
-use super::state::{SessionHandle, SessionInfo, SessionState, EVENT_LOG_CAPACITY};
+use super::session::SessionSpec;
+use super::start::{self, StartError, StartRequest};
+use super::state::{SessionState, EVENT_LOG_CAPACITY};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::session::params::session_params;
-use crate::session::record::SessionRecord;
 use crate::telephony::{CodecKind, CodecSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The collection path.
@@ -285,114 +284,33 @@ async fn create(
             return http::write_error(stream, 400, &format!("field `webhook_url`: {e}")).await
         }
     };
-    if shared.rtp.len() >= cfg.rtp.max_sessions {
-        return http::write_error(
-            stream,
-            503,
-            &format!(
-                "RTP session limit reached (rtp.max_sessions = {})",
-                cfg.rtp.max_sessions
-            ),
-        )
-        .await;
-    }
-    let media = match MediaPath::new(&spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms) {
-        Ok(m) => m,
-        Err(e) => {
-            return http::write_error(stream, 500, &format!("cannot set up the audio path: {e}"))
-                .await
-        }
-    };
-    let bind_ip = cfg.rtp.bind_address.unwrap_or(cfg.listen.address.ip());
-    let socket = match session::bind(bind_ip) {
+    let reached_at = stream.tcp().local_addr().ok().map(|a| a.ip());
+    let started = match start::start(
+        app,
+        StartRequest {
+            spec,
+            params,
+            webhook,
+            transport: "rtp",
+            alias: None,
+            reached_at,
+        },
+    ) {
         Ok(s) => s,
-        Err(e) => {
-            return http::write_error(
-                stream,
-                500,
-                &format!("cannot bind a UDP socket on {bind_ip}: {e}"),
-            )
-            .await
+        Err(e @ StartError::NoCapacity(_)) => {
+            return http::write_error(stream, 503, &e.to_string()).await
+        }
+        Err(e @ StartError::Internal(_)) => {
+            return http::write_error(stream, 500, &e.to_string()).await
         }
     };
-    let local = match socket.local_addr() {
-        Ok(a) => a,
-        Err(e) => return http::write_error(stream, 500, &format!("UDP socket: {e}")).await,
-    };
-    // A socket bound to every interface is reached at the address this
-    // request came in on.
-    let address = if local.ip().is_unspecified() {
-        stream
-            .tcp()
-            .local_addr()
-            .map(|a| a.ip())
-            .unwrap_or(local.ip())
-    } else {
-        local.ip()
-    };
-    let mut rec = SessionRecord::start(shared.session_id(), "rtp");
-    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
-        Ok(t) => t,
-        Err(refusal) => return http::write_error(stream, 503, &refusal.to_string()).await,
-    };
-    rec.slot = Some(ticket.slot);
-    let id = rec.id.to_string();
-    let info = SessionInfo {
-        codec: spec.codec.name(),
-        payload_type: spec.payload_type,
-        sample_rate: spec.codec.sample_rate_hz,
-        ptime_ms: spec.ptime_ms,
-        dtmf_payload_type: spec.dtmf_payload_type,
-        address: address.to_string(),
-        port: local.port(),
-        remote: spec.remote.map(|r| r.to_string()),
-        core: app.ctx.core,
-        resample_in_ms: media.res_in.delay_ms(),
-        resample_out_ms: media.res_out.delay_ms(),
-    };
-    let handle = Arc::new(SessionHandle::new(id.clone(), info));
-    handle.attach_events(shared.events.open(
-        &rec,
-        None,
-        app.ctx.core,
-        crate::events::SessionState::Waiting,
-        webhook,
-    ));
-    if !shared.rtp.insert(handle.clone(), cfg.rtp.max_sessions) {
-        app.ctx.end_session(ticket);
-        return http::write_error(
-            stream,
-            503,
-            &format!(
-                "RTP session limit reached (rtp.max_sessions = {})",
-                cfg.rtp.max_sessions
-            ),
-        )
-        .await;
-    }
-    eprintln!(
-        "<6>rtp session start id={id} codec={} pt={} ptime_ms={} port={} remote={} core={}",
-        spec.codec.name(),
-        spec.payload_type,
-        spec.ptime_ms,
-        local.port(),
-        spec.remote.map_or("-".to_string(), |r| r.to_string()),
-        app.ctx.core
-    );
-    let new = NewSession {
-        handle,
-        socket,
-        spec,
-        media,
-        ticket,
-        mailbox,
-        rec,
-    };
-    glommio::spawn_local(session::run(new, app.clone())).detach();
+    let id = started.handle.id.clone();
+    let address = started.address;
+    let local_port = started.port;
     let body = json!({
         "id": id,
         "address": address.to_string(),
-        "port": local.port(),
+        "port": local_port,
         "codec": spec.codec.name(),
         "payload_type": spec.payload_type,
         "sample_rate": spec.codec.sample_rate_hz,

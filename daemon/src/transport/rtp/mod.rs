@@ -19,7 +19,8 @@
 //! Files: [`packet`] (RFC 3550 parse/write), [`seq`] (extended sequence
 //! numbers and timestamps), [`jitter`] and [`conceal`] (playout),
 //! [`dtmf`], [`sender`], [`clock`], [`state`] (what the control API sees,
-//! the registry), [`session`] (the tasks), [`control`] (HTTP).
+//! the registry), [`session`] (the tasks), [`start`] (making a session:
+//! shared by [`control`] (HTTP) and the SIP endpoint).
 
 pub mod clock;
 pub mod conceal;
@@ -30,6 +31,7 @@ pub mod packet;
 pub mod sender;
 pub mod seq;
 pub mod session;
+pub mod start;
 pub mod state;
 
 pub use state::Registry;

@@ -411,6 +411,7 @@ impl Session {
         let inactivity = Duration::from_millis(cfg.rtp.inactivity_timeout_ms);
         let max_secs = cfg.session.max_session_seconds;
         let max_in_flight = cfg.session.max_frames_in_flight;
+        let mut was_paused = false;
         loop {
             if self.handle.stop_requested() {
                 return EndReason::ClientClosed;
@@ -421,11 +422,18 @@ impl Session {
             if max_secs > 0 && self.rec.elapsed_secs() > max_secs as f64 {
                 return EndReason::MaxDuration;
             }
+            let paused = self.handle.send_paused();
+            if paused != was_paused {
+                // Off hold: the peer may have sent nothing meanwhile.
+                self.inbound.borrow_mut().last_packet = Instant::now();
+                self.next_send = None;
+                was_paused = paused;
+            }
             let (latched, last_packet) = {
                 let i = self.inbound.borrow();
                 (i.latched, i.last_packet)
             };
-            if last_packet.elapsed() > inactivity {
+            if !paused && last_packet.elapsed() > inactivity {
                 return EndReason::IdleTimeout;
             }
             if let Some(reason) = self.pump_outputs() {
@@ -444,7 +452,7 @@ impl Session {
                     self.release(max_in_flight, now);
                 }
             }
-            let dest = self.spec.remote.or(latched);
+            let dest = self.spec.remote.or(latched).filter(|_| !paused);
             if let Some(dest) = dest {
                 let due = *self.next_send.get_or_insert(now);
                 if now >= due {
@@ -456,7 +464,7 @@ impl Session {
             if let Some(c) = &self.clock {
                 wake = wake.min(c.next());
             }
-            if let Some(t) = self.next_send {
+            if let Some(t) = self.next_send.filter(|_| !paused) {
                 wake = wake.min(t);
             }
             let now = Instant::now();

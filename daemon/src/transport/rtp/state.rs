@@ -239,6 +239,9 @@ pub struct SessionHandle {
     pub info: SessionInfo,
     created: Instant,
     stop: AtomicBool,
+    /// On hold (SIP re-INVITE `sendonly`/`inactive`): send nothing, and no
+    /// inactivity timeout.
+    send_paused: AtomicBool,
     state: AtomicU8,
     counters: AtomicCounters,
     gauges: AtomicGauges,
@@ -255,6 +258,7 @@ impl SessionHandle {
             info,
             created: Instant::now(),
             stop: AtomicBool::new(false),
+            send_paused: AtomicBool::new(false),
             state: AtomicU8::new(0),
             counters: AtomicCounters::default(),
             gauges: AtomicGauges::default(),
@@ -289,6 +293,17 @@ impl SessionHandle {
     /// Whether `DELETE` asked the session to end.
     pub fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Puts the session on hold (nothing sent, no inactivity timeout) or
+    /// takes it off.
+    pub fn set_send_paused(&self, paused: bool) {
+        self.send_paused.store(paused, Ordering::Release);
+    }
+
+    /// Whether the session is on hold.
+    pub fn send_paused(&self) -> bool {
+        self.send_paused.load(Ordering::Acquire)
     }
 
     /// The session's state.

@@ -1,0 +1,194 @@
+//! `sip.*`: the SIP endpoint's configuration and its checks.
+//!
+//! Every table the endpoint keeps is bounded here (dialogs, transactions,
+//! message size); the timers are RFC 3261's (T1, T2, 64·T1). Off loopback a
+//! caller must be vouched for: `allowed_sources` must list the trunks' and
+//! PBXs' addresses (the endpoint refuses to start otherwise, as AudioSocket
+//! does).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// The codecs an answer may pick, in the default order of preference.
+pub const DEFAULT_CODECS: [&str; 4] = ["opus", "PCMU", "PCMA", "L16"];
+
+/// `sip.*`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SipConfig {
+    /// Whether the endpoint runs.
+    pub enabled: bool,
+    /// Where it listens (UDP); every I/O core binds it (`SO_REUSEPORT`).
+    /// Port 0 picks one.
+    pub address: SocketAddr,
+    /// Source addresses allowed to call; empty: anyone who can reach the
+    /// listener, which is accepted only on loopback.
+    pub allowed_sources: Vec<IpAddr>,
+    /// Calls (dialogs, ringing or answered) per I/O core; beyond, 486 Busy Here.
+    pub max_dialogs: usize,
+    /// Server and client transactions remembered per I/O core (retransmission
+    /// absorption); beyond, new requests get 503 with `Retry-After`.
+    pub max_transactions: usize,
+    /// Largest SIP message accepted, in bytes (UDP datagram or TCP message).
+    pub max_message_bytes: usize,
+    /// Codecs in order of preference (`opus`, `PCMU`, `PCMA`, `L16`); the
+    /// answer picks the first one the offer has.
+    pub codecs: Vec<String>,
+    /// Packet time sent when the offer names none (or one the codec cannot
+    /// use), in milliseconds.
+    pub ptime_ms: u32,
+    /// Whether RFC 4733 `telephone-event` is accepted when offered.
+    pub dtmf: bool,
+    /// Time between 180 Ringing and 200 OK, in milliseconds (0: answer at once).
+    pub ring_ms: u64,
+    /// `Retry-After` of a 503 (no capacity), in seconds.
+    pub retry_after_s: u32,
+    /// RFC 3261 T1 (round-trip estimate), in milliseconds.
+    pub t1_ms: u64,
+    /// RFC 3261 T2 (longest retransmission interval of non-INVITE requests
+    /// and of final INVITE responses), in milliseconds.
+    pub t2_ms: u64,
+    /// Session parameters of every call (as a chat query's), overridden by
+    /// `users` and the request-URI's parameters.
+    pub params: BTreeMap<String, String>,
+    /// Session parameters by request-URI user (`"agent": {"seed": "7"}`).
+    /// When not empty, only these users can be called (404 otherwise).
+    pub users: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Default for SipConfig {
+    fn default() -> Self {
+        SipConfig {
+            enabled: false,
+            address: "127.0.0.1:5060".parse().expect("valid literal"),
+            allowed_sources: Vec::new(),
+            max_dialogs: 256,
+            max_transactions: 1024,
+            max_message_bytes: 16_384,
+            codecs: DEFAULT_CODECS.iter().map(|c| c.to_string()).collect(),
+            ptime_ms: 20,
+            dtmf: true,
+            ring_ms: 0,
+            retry_after_s: 5,
+            t1_ms: 500,
+            t2_ms: 4_000,
+            params: BTreeMap::new(),
+            users: BTreeMap::new(),
+        }
+    }
+}
+
+/// Checks `sip.*`: `(key, why)` on the first problem.
+pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, String)> {
+    if c.max_dialogs == 0 {
+        return Err(("sip.max_dialogs", "must be positive".into()));
+    }
+    if c.max_transactions < 2 * c.max_dialogs {
+        return Err((
+            "sip.max_transactions",
+            format!(
+                "must be at least twice sip.max_dialogs ({}): every call holds its INVITE's and its BYE's",
+                c.max_dialogs
+            ),
+        ));
+    }
+    if !(1_500..=65_507).contains(&c.max_message_bytes) {
+        return Err((
+            "sip.max_message_bytes",
+            "must be between 1500 and 65507 (the largest UDP payload)".into(),
+        ));
+    }
+    if c.codecs.is_empty() {
+        return Err(("sip.codecs", "must name at least one codec".into()));
+    }
+    for (i, name) in c.codecs.iter().enumerate() {
+        let known = DEFAULT_CODECS.iter().any(|k| k.eq_ignore_ascii_case(name));
+        if !known {
+            return Err((
+                "sip.codecs",
+                format!("unknown codec `{name}` (opus, PCMU, PCMA, L16)"),
+            ));
+        }
+        if c.codecs[..i].iter().any(|p| p.eq_ignore_ascii_case(name)) {
+            return Err(("sip.codecs", format!("`{name}` is listed twice")));
+        }
+    }
+    if !(10..=60).contains(&c.ptime_ms) || !c.ptime_ms.is_multiple_of(10) {
+        return Err(("sip.ptime_ms", "must be 10 to 60 in steps of 10".into()));
+    }
+    if c.t1_ms == 0 || c.t1_ms > 10_000 {
+        return Err(("sip.t1_ms", "must be between 1 and 10000".into()));
+    }
+    if c.t2_ms < c.t1_ms || c.t2_ms > 60_000 {
+        return Err(("sip.t2_ms", "must be between sip.t1_ms and 60000".into()));
+    }
+    if c.retry_after_s == 0 {
+        return Err(("sip.retry_after_s", "must be positive".into()));
+    }
+    if c.ring_ms > 60_000 {
+        return Err(("sip.ring_ms", "must be at most 60000".into()));
+    }
+    if c.enabled {
+        if c.address.port() != 0 && c.address == listen {
+            return Err((
+                "sip.address",
+                format!("is listen.address ({listen}): give SIP its own port"),
+            ));
+        }
+        if !c.address.ip().is_loopback() && c.allowed_sources.is_empty() {
+            return Err((
+                "sip.allowed_sources",
+                format!(
+                    "is required when listening on {} (not loopback): list the trunks' and PBXs' addresses",
+                    c.address
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(j: &str) -> Result<(), &'static str> {
+        let c: SipConfig = serde_json::from_str(j).map_err(|_| "parse")?;
+        validate(&c, "127.0.0.1:8998".parse().unwrap()).map_err(|(k, _)| k)
+    }
+
+    #[test]
+    fn defaults_pass_and_errors_name_the_key() {
+        assert_eq!(check(r#"{"enabled": true}"#), Ok(()));
+        assert_eq!(
+            check(r#"{"enabled": true, "address": "0.0.0.0:5060"}"#),
+            Err("sip.allowed_sources")
+        );
+        assert_eq!(
+            check(
+                r#"{"enabled": true, "address": "0.0.0.0:5060", "allowed_sources": ["10.0.0.2"]}"#
+            ),
+            Ok(())
+        );
+        assert_eq!(check(r#"{"max_dialogs": 0}"#), Err("sip.max_dialogs"));
+        assert_eq!(
+            check(r#"{"max_dialogs": 600}"#),
+            Err("sip.max_transactions")
+        );
+        assert_eq!(
+            check(r#"{"max_message_bytes": 100}"#),
+            Err("sip.max_message_bytes")
+        );
+        assert_eq!(check(r#"{"codecs": ["G729"]}"#), Err("sip.codecs"));
+        assert_eq!(check(r#"{"codecs": ["pcmu", "PCMU"]}"#), Err("sip.codecs"));
+        assert_eq!(check(r#"{"codecs": []}"#), Err("sip.codecs"));
+        assert_eq!(check(r#"{"ptime_ms": 25}"#), Err("sip.ptime_ms"));
+        assert_eq!(check(r#"{"t1_ms": 500, "t2_ms": 100}"#), Err("sip.t2_ms"));
+        assert_eq!(
+            check(r#"{"enabled": true, "address": "127.0.0.1:8998"}"#),
+            Err("sip.address")
+        );
+        assert_eq!(check(r#"{"enabeld": true}"#), Err("parse"));
+    }
+}

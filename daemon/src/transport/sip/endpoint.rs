@@ -1,0 +1,755 @@
+//! The SIP endpoint of one I/O core: requests in, responses and requests
+//! out, transactions and calls kept here (single-threaded; every I/O core
+//! has its own, over its own `SO_REUSEPORT` socket, and a peer's datagrams
+//! always reach the same core).
+//!
+//! Per request: malformed → 400 when it can be answered, else counted and
+//! dropped; a retransmission → the transaction's last response again; a
+//! source not in `sip.allowed_sources` → 403. INVITE: 100 at once, then
+//! 404 (unknown user), 400 (bad parameters or SDP), 488 (no SDP offer, no
+//! common codec), 486 (`sip.max_dialogs` calls on this core), 503 with
+//! `Retry-After` (no slot, or no room for a transaction), else an RTP
+//! session through the RTP machinery, 180, and 200 with the SDP answer
+//! (after `sip.ring_ms`). ACK, BYE, CANCEL (487 to the INVITE), OPTIONS
+//! (200 with Allow/Accept) and re-INVITE (hold and resume; the codec is
+//! kept) within the dialogs; other methods get 405 (out of a dialog) or
+//! 501.
+//!
+//! Invariants: nothing a peer sends can make the endpoint panic or touch
+//! another peer's calls (a request reaches a call only by Call-ID and our
+//! tag, and from that call's peer address); every table is bounded by the
+//! configuration; every call ends its RTP session when it ends, and every
+//! RTP session that ends ends its call (BYE).
+
+use super::build::{self, Ids, ALLOW};
+use super::call::{Call, CallState};
+use super::config::SipConfig;
+use super::message::{self, Request};
+use super::params::{pairs_for, ParamsError};
+use super::sdp::{self, Negotiation, OfferError};
+use super::transaction::{self, Backoff, Table, Timers};
+use crate::io::app::CoreApp;
+use crate::io::log_gate::LogGate;
+use crate::session::params::session_params;
+use crate::transport::rtp::session::SessionSpec;
+use crate::transport::rtp::start::{self, StartError, StartRequest};
+use crate::transport::rtp::state::SessionState;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Counters of one core's endpoint (logged at calls' ends and shutdown).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SipCounters {
+    /// Requests received (retransmissions included).
+    pub requests: u64,
+    /// Responses received (to moshid's BYEs).
+    pub responses: u64,
+    /// Datagrams that were not SIP at all (dropped).
+    pub not_sip: u64,
+    /// Requests answered 4xx for being malformed.
+    pub malformed: u64,
+    /// Retransmitted requests answered from their transaction.
+    pub retransmissions: u64,
+    /// Responses resent by timers (G, 2xx, BYE's E).
+    pub resent: u64,
+    /// Requests refused by `sip.allowed_sources`.
+    pub forbidden: u64,
+    /// Calls answered.
+    pub calls: u64,
+    /// INVITEs refused for capacity (486/503).
+    pub busy: u64,
+    /// INVITEs refused for their SDP (488/400).
+    pub not_acceptable: u64,
+    /// Calls CANCELled before the answer.
+    pub cancelled: u64,
+    /// BYEs sent by moshid.
+    pub byes_sent: u64,
+}
+
+/// One core's endpoint.
+pub struct Endpoint {
+    app: CoreApp,
+    /// The SIP address (Via and Contact of what moshid sends).
+    local: SocketAddr,
+    timers: Timers,
+    txs: Table,
+    calls: HashMap<String, Call>,
+    ids: Ids,
+    out: Vec<(SocketAddr, Vec<u8>)>,
+    /// Counters.
+    pub counters: SipCounters,
+    log_gate: LogGate,
+}
+
+fn cfg(app: &CoreApp) -> &SipConfig {
+    &app.shared.config.sip
+}
+
+impl Endpoint {
+    /// An endpoint for `local` on this core.
+    pub fn new(app: CoreApp, local: SocketAddr) -> Endpoint {
+        let c = cfg(&app);
+        let timers = Timers {
+            t1: Duration::from_millis(c.t1_ms),
+            t2: Duration::from_millis(c.t2_ms),
+        };
+        Endpoint {
+            app,
+            local,
+            timers,
+            txs: Table::default(),
+            calls: HashMap::new(),
+            ids: Ids::new(),
+            out: Vec::new(),
+            counters: SipCounters::default(),
+            log_gate: LogGate::new(Duration::from_secs(10)),
+        }
+    }
+
+    /// Calls alive on this core.
+    pub fn calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// What is to be sent, in order.
+    pub fn take_out(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+        std::mem::take(&mut self.out)
+    }
+
+    fn log_refusal(&self, src: SocketAddr, why: &str) {
+        if self.log_gate.due(Instant::now()) {
+            eprintln!(
+                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {})",
+                self.counters.malformed, self.counters.not_sip
+            );
+        }
+    }
+
+    /// Handles one datagram from `src`.
+    pub fn on_datagram(&mut self, data: &[u8], src: SocketAddr, now: Instant) {
+        match message::parse_request(data) {
+            Ok(Some(req)) => {
+                self.counters.requests += 1;
+                self.on_request(req, src, now);
+            }
+            Ok(None) => {
+                if let Ok(m) = message::parse(data) {
+                    if let message::StartLine::Response { code, .. } = m.start {
+                        self.counters.responses += 1;
+                        self.on_response(&m, code, src);
+                    }
+                }
+            }
+            Err(refused) => {
+                self.counters.not_sip += 1;
+                self.log_refusal(src, &refused.why);
+            }
+        }
+    }
+
+    fn send(&mut self, to: SocketAddr, bytes: Vec<u8>) {
+        self.out.push((to, bytes));
+    }
+
+    /// Answers `req` in its transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn respond(
+        &mut self,
+        req: &Request,
+        key: &str,
+        src: SocketAddr,
+        code: u16,
+        to_tag: Option<&str>,
+        extra: &[String],
+        sdp: Option<&str>,
+        now: Instant,
+    ) -> Vec<u8> {
+        let bytes = build::response(req, code, to_tag, extra, sdp);
+        self.txs
+            .responded(key, &bytes, code, req.method == "INVITE", now, &self.timers);
+        self.send(src, bytes.clone());
+        bytes
+    }
+
+    fn contact(&self) -> String {
+        format!("Contact: <sip:moshid@{}>", self.local)
+    }
+
+    fn on_request(&mut self, req: Request, src: SocketAddr, now: Instant) {
+        let key = transaction::key(&req);
+        if req.method == "ACK" {
+            self.on_ack(&req, &key, src, now);
+            return;
+        }
+        // A retransmission: the same answer again.
+        if let Some(tx) = self.txs.get_mut(&key) {
+            self.counters.retransmissions += 1;
+            if let Some(r) = tx.last_response.clone() {
+                let peer = tx.peer;
+                self.send(peer, r);
+            }
+            return;
+        }
+        let max = cfg(&self.app).max_transactions;
+        if !self.txs.open(key.clone(), src, now, &self.timers, max) {
+            // No room to remember an answer: answer statelessly, try later.
+            self.counters.busy += 1;
+            let retry = format!("Retry-After: {}", cfg(&self.app).retry_after_s);
+            let bytes = build::response(&req, 503, None, &[retry], None);
+            self.send(src, bytes);
+            return;
+        }
+        if !crate::transport::audiosocket::peer_allowed(&cfg(&self.app).allowed_sources, src.ip()) {
+            self.counters.forbidden += 1;
+            self.log_refusal(src, "not in sip.allowed_sources");
+            self.respond(&req, &key, src, 403, None, &[], None, now);
+            return;
+        }
+        let uri = match req.check() {
+            Ok(u) => u,
+            Err((code, why)) => {
+                self.counters.malformed += 1;
+                let warning = warning(&why);
+                self.respond(&req, &key, src, code, None, &[warning], None, now);
+                return;
+            }
+        };
+        if let Some(req_ext) = req.msg.header("Require") {
+            // moshid supports no extension that a caller may require.
+            let unsupported = format!("Unsupported: {req_ext}");
+            if req.method != "CANCEL" {
+                self.respond(&req, &key, src, 420, None, &[unsupported], None, now);
+                return;
+            }
+        }
+        let in_dialog = req.to.tag.is_some();
+        match req.method.as_str() {
+            "INVITE" if in_dialog => self.on_reinvite(req, &key, src, now),
+            "INVITE" => self.on_invite(req, uri, &key, src, now),
+            "BYE" => self.on_bye(&req, &key, src, now),
+            "CANCEL" => self.on_cancel(&req, &key, src, now),
+            "OPTIONS" => {
+                let extra = [
+                    format!("Allow: {ALLOW}"),
+                    "Accept: application/sdp".to_string(),
+                    "Supported: ".to_string(),
+                ];
+                let tag = req.to.tag.is_none().then(|| self.ids.tag());
+                self.respond(&req, &key, src, 200, tag.as_deref(), &extra, None, now);
+            }
+            _ => {
+                let code = if in_dialog { 501 } else { 405 };
+                let allow = format!("Allow: {ALLOW}");
+                self.respond(&req, &key, src, code, None, &[allow], None, now);
+            }
+        }
+    }
+
+    fn on_response(&mut self, m: &message::Message, code: u16, src: SocketAddr) {
+        if code < 200 {
+            return;
+        }
+        let Some(branch) = m
+            .header("Via")
+            .and_then(|v| message::parse_via(v).ok())
+            .map(|v| v.branch)
+        else {
+            return;
+        };
+        let done: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| {
+                c.peer == src
+                    && matches!(&c.state, CallState::Ending { branch: b, .. } if *b == branch)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in done {
+            self.end_call(&k, "bye_answered");
+        }
+    }
+
+    fn on_ack(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+        // The ACK of a non-2xx final answer is part of the INVITE's transaction.
+        if self.txs.acked(key, now) {
+            return;
+        }
+        let Some(tag) = req.to.tag.as_deref() else {
+            return;
+        };
+        if let Some(call) = self.calls.get_mut(&Call::key(&req.call_id, tag)) {
+            if call.peer == src && matches!(call.state, CallState::Answered { .. }) {
+                call.state = CallState::Confirmed;
+            }
+        }
+    }
+
+    fn on_invite(
+        &mut self,
+        req: Request,
+        uri: super::uri::SipUri,
+        key: &str,
+        src: SocketAddr,
+        now: Instant,
+    ) {
+        self.respond(&req, key, src, 100, None, &[], None, now);
+        let c = cfg(&self.app).clone();
+        let pairs = match pairs_for(&c, &uri) {
+            Ok(p) => p,
+            Err(ParamsError::UnknownUser(u)) => {
+                let w = warning(&format!("no such user `{u}` in sip.users"));
+                self.respond(&req, key, src, 404, None, &[w], None, now);
+                return;
+            }
+        };
+        let shared = self.app.shared.clone();
+        let params = match session_params(&pairs, &shared.config.defaults, &shared.model_info) {
+            Ok(p) => p,
+            Err(e) => {
+                let w = warning(&format!("bad session parameter: {e}"));
+                self.respond(&req, key, src, 400, None, &[w], None, now);
+                return;
+            }
+        };
+        let is_sdp = req
+            .msg
+            .header("Content-Type")
+            .is_some_and(|t| t.trim().to_ascii_lowercase().starts_with("application/sdp"));
+        if req.msg.body.is_empty() || !is_sdp {
+            self.counters.not_acceptable += 1;
+            let (code, why) = if req.msg.body.is_empty() {
+                (488, "an SDP offer in the INVITE is required")
+            } else {
+                (415, "the body must be application/sdp")
+            };
+            let extra = [warning(why), "Accept: application/sdp".to_string()];
+            self.respond(&req, key, src, code, None, &extra, None, now);
+            return;
+        }
+        let offer = match sdp::parse_offer(&req.msg.body) {
+            Ok(o) => o,
+            Err(e) => {
+                self.counters.not_acceptable += 1;
+                let code = match e {
+                    OfferError::Malformed(_) => 400,
+                    OfferError::NotAcceptable(_) => 488,
+                };
+                let w = warning(&e.to_string());
+                self.respond(&req, key, src, code, None, &[w], None, now);
+                return;
+            }
+        };
+        let choice = match sdp::negotiate(&offer, &c.codecs, c.dtmf, c.ptime_ms) {
+            Negotiation::Agreed(ch) => ch,
+            Negotiation::NoCodec(offered) => {
+                self.counters.not_acceptable += 1;
+                let w = warning(&format!(
+                    "no codec in common: offered {offered}; moshid takes {}",
+                    c.codecs.join(" ")
+                ));
+                self.respond(&req, key, src, 488, None, &[w], None, now);
+                return;
+            }
+        };
+        if self.calls.len() >= c.max_dialogs {
+            self.counters.busy += 1;
+            let w = warning("sip.max_dialogs calls on this core");
+            self.respond(&req, key, src, 486, None, &[w], None, now);
+            return;
+        }
+        let reached_at: Option<IpAddr> = if self.local.ip().is_unspecified() {
+            uri.host
+                .rsplit_once(':')
+                .map_or(uri.host.as_str(), |(h, _)| h)
+                .trim_matches(['[', ']'])
+                .parse()
+                .ok()
+        } else {
+            Some(self.local.ip())
+        };
+        let spec = SessionSpec {
+            codec: choice.codec,
+            payload_type: choice.pt,
+            ptime_ms: choice.ptime_ms,
+            dtmf_payload_type: choice.dtmf_pt,
+            remote: offer.remote,
+        };
+        let webhook = crate::events::webhook::default_for(&shared.config);
+        let started = match start::start(
+            &self.app,
+            StartRequest {
+                spec,
+                params,
+                webhook,
+                transport: "sip",
+                alias: Some(req.call_id.clone()),
+                reached_at,
+            },
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                let (code, extra) = match &e {
+                    StartError::NoCapacity(_) => {
+                        self.counters.busy += 1;
+                        (503, vec![format!("Retry-After: {}", c.retry_after_s)])
+                    }
+                    StartError::Internal(_) => (500, Vec::new()),
+                };
+                let mut extra = extra;
+                extra.push(warning(&e.to_string()));
+                self.respond(&req, key, src, code, None, &extra, None, now);
+                return;
+            }
+        };
+        started.handle.set_send_paused(!offer.direction.we_send());
+        let local_tag = self.ids.tag();
+        let media = SocketAddr::new(started.address, started.port);
+        let sdp_id = self.ids.next_u64() >> 1;
+        let answer = sdp::write_answer(&offer, &choice, media, sdp_id, 1);
+        let to_value = req.msg.header("To").unwrap_or("").to_string();
+        let remote_target = req
+            .msg
+            .header("Contact")
+            .and_then(|c| message::parse_name_addr(c).ok())
+            .map(|c| c.uri)
+            .unwrap_or_else(|| req.from.uri.clone());
+        let call = Call {
+            call_id: req.call_id.clone(),
+            local_tag: local_tag.clone(),
+            local_party: format!("{to_value};tag={local_tag}"),
+            remote_party: req.msg.header("From").unwrap_or("").to_string(),
+            remote_target,
+            route: req
+                .msg
+                .headers_named("Record-Route")
+                .map(str::to_string)
+                .collect(),
+            peer: src,
+            remote_cseq: req.cseq,
+            local_cseq: 0,
+            invite_tx: key.to_string(),
+            invite: req.clone(),
+            session: started.handle.clone(),
+            media,
+            offer,
+            choice,
+            sdp_id,
+            sdp_version: 1,
+            answer,
+            state: CallState::Ringing {
+                answer_at: now + Duration::from_millis(c.ring_ms),
+            },
+            started: now,
+        };
+        let ck = Call::key(&call.call_id, &local_tag);
+        if let Some(tx) = self.txs.get_mut(key) {
+            tx.call = Some(ck.clone());
+        }
+        eprintln!(
+            "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={}",
+            call.call_id,
+            call.session.id,
+            src,
+            call.choice.codec.name(),
+            call.choice.pt,
+            call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
+            call.choice.ptime_ms,
+            media,
+            call.offer.remote.map_or("-".to_string(), |r| r.to_string())
+        );
+        self.calls.insert(ck.clone(), call);
+        let contact = self.contact();
+        self.respond(&req, key, src, 180, Some(&local_tag), &[contact], None, now);
+        if c.ring_ms == 0 {
+            self.answer(&ck, now);
+        }
+    }
+
+    /// Sends the 200 with the answer.
+    fn answer(&mut self, ck: &str, now: Instant) {
+        let Some(call) = self.calls.get(ck) else {
+            return;
+        };
+        let (req, key, src, tag, sdp) = (
+            call.invite.clone(),
+            call.invite_tx.clone(),
+            call.peer,
+            call.local_tag.clone(),
+            call.answer.clone(),
+        );
+        let extra = [
+            self.contact(),
+            format!("Allow: {ALLOW}"),
+            "Supported: ".to_string(),
+        ];
+        let ok = self.respond(&req, &key, src, 200, Some(&tag), &extra, Some(&sdp), now);
+        self.counters.calls += 1;
+        if let Some(call) = self.calls.get_mut(ck) {
+            call.state = CallState::Answered {
+                ok,
+                resend: Backoff::start(now, &self.timers),
+                give_up_at: now + self.timers.timeout(),
+            };
+        }
+    }
+
+    /// The call a request within a dialog belongs to (by Call-ID, our tag
+    /// and the peer's address).
+    fn dialog_of(&self, req: &Request, src: SocketAddr) -> Option<String> {
+        let tag = req.to.tag.as_deref()?;
+        let k = Call::key(&req.call_id, tag);
+        let call = self.calls.get(&k)?;
+        (call.peer == src).then_some(k)
+    }
+
+    fn on_bye(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+        let Some(ck) = self.dialog_of(req, src) else {
+            self.respond(req, key, src, 481, None, &[], None, now);
+            return;
+        };
+        self.respond(req, key, src, 200, None, &[], None, now);
+        self.end_call(&ck, "bye_from_peer");
+    }
+
+    fn on_cancel(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+        // CANCEL matches the INVITE's transaction (same branch, method INVITE).
+        let mut invite_req = req.clone();
+        invite_req.method = "INVITE".into();
+        let invite_key = transaction::key(&invite_req);
+        let target = self
+            .txs
+            .get_mut(&invite_key)
+            .map(|tx| (tx.final_code, tx.call.clone()));
+        match target {
+            None => {
+                self.respond(req, key, src, 481, None, &[], None, now);
+            }
+            Some((final_code, call)) => {
+                self.respond(req, key, src, 200, None, &[], None, now);
+                let ringing = call
+                    .as_ref()
+                    .and_then(|ck| self.calls.get(ck))
+                    .is_some_and(|c| matches!(c.state, CallState::Ringing { .. }));
+                if final_code.is_none() && ringing {
+                    let ck = call.expect("ringing call");
+                    let call = &self.calls[&ck];
+                    let (invite, tag) = (call.invite.clone(), call.local_tag.clone());
+                    self.respond(&invite, &invite_key, src, 487, Some(&tag), &[], None, now);
+                    self.counters.cancelled += 1;
+                    self.end_call(&ck, "cancelled");
+                }
+            }
+        }
+    }
+
+    fn on_reinvite(&mut self, req: Request, key: &str, src: SocketAddr, now: Instant) {
+        let Some(ck) = self.dialog_of(&req, src) else {
+            self.respond(&req, key, src, 481, None, &[], None, now);
+            return;
+        };
+        let call = &self.calls[&ck];
+        match call.state {
+            CallState::Confirmed => {}
+            CallState::Answered { .. } => {
+                self.respond(&req, key, src, 491, None, &[], None, now);
+                return;
+            }
+            _ => {
+                let retry = "Retry-After: 1".to_string();
+                self.respond(&req, key, src, 500, None, &[retry], None, now);
+                return;
+            }
+        }
+        if req.cseq <= call.remote_cseq {
+            let w = warning("CSeq not above the dialog's");
+            self.respond(&req, key, src, 500, None, &[w], None, now);
+            return;
+        }
+        let choice = call.choice;
+        // No body: the offer comes from moshid (the current one) and the
+        // answer in the ACK; the media stays as it is.
+        let offer = if req.msg.body.is_empty() {
+            call.offer.clone()
+        } else {
+            match sdp::parse_offer(&req.msg.body) {
+                Ok(o) => o,
+                Err(e) => {
+                    let code = match e {
+                        OfferError::Malformed(_) => 400,
+                        OfferError::NotAcceptable(_) => 488,
+                    };
+                    let w = warning(&e.to_string());
+                    self.respond(&req, key, src, code, None, &[w], None, now);
+                    return;
+                }
+            }
+        };
+        // The running session keeps its codec: it must still be offered.
+        let kept = offer.formats.iter().any(|f| f.pt == choice.pt)
+            && offer.remote.is_none_or(|r| Some(r) == call.offer.remote);
+        if !kept {
+            let w = warning(
+                "a re-INVITE may change the direction (hold) but not the codec or the media address",
+            );
+            self.respond(&req, key, src, 488, None, &[w], None, now);
+            return;
+        }
+        let call = self.calls.get_mut(&ck).expect("looked up");
+        call.remote_cseq = req.cseq;
+        call.session.set_send_paused(!offer.direction.we_send());
+        call.sdp_version += 1;
+        let mut offer = offer;
+        offer.remote = call.offer.remote;
+        call.answer = sdp::write_answer(&offer, &choice, call.media, call.sdp_id, call.sdp_version);
+        eprintln!(
+            "<6>sip call reinvite call_id={} session={} direction={}",
+            call.call_id,
+            call.session.id,
+            offer.direction.answer()
+        );
+        call.offer = offer;
+        let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());
+        let extra = [self.contact(), format!("Allow: {ALLOW}")];
+        let ok = self.respond(&req, key, src, 200, Some(&tag), &extra, Some(&sdp), now);
+        let timers = self.timers;
+        if let Some(call) = self.calls.get_mut(&ck) {
+            call.state = CallState::Answered {
+                ok,
+                resend: Backoff::start(now, &timers),
+                give_up_at: now + timers.timeout(),
+            };
+        }
+    }
+
+    /// Sends moshid's BYE for call `ck`.
+    fn hang_up(&mut self, ck: &str, now: Instant) {
+        let via = format!("UDP {}", self.local);
+        let branch = self.ids.branch();
+        let Some(call) = self.calls.get_mut(ck) else {
+            return;
+        };
+        call.local_cseq += 1;
+        let bye = build::request(
+            "BYE",
+            &build::InDialog {
+                target: &call.remote_target,
+                route: &call.route,
+                local_party: &call.local_party,
+                remote_party: &call.remote_party,
+                call_id: &call.call_id,
+                cseq: call.local_cseq,
+                via: &via,
+            },
+            &branch,
+        );
+        let peer = call.peer;
+        call.state = CallState::Ending {
+            bye: bye.clone(),
+            branch,
+            resend: Backoff::start(now, &self.timers),
+            give_up_at: now + self.timers.timeout(),
+        };
+        self.counters.byes_sent += 1;
+        self.send(peer, bye);
+    }
+
+    /// Removes call `ck` and stops its RTP session.
+    fn end_call(&mut self, ck: &str, why: &str) {
+        if let Some(call) = self.calls.remove(ck) {
+            call.session.request_stop();
+            eprintln!(
+                "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",
+                call.call_id,
+                call.session.id,
+                call.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// Timers: answers due, retransmissions, give-ups, and calls whose RTP
+    /// session ended.
+    pub fn tick(&mut self, now: Instant) {
+        let mut resends = Vec::new();
+        self.txs.tick(now, &self.timers, &mut resends);
+        self.counters.resent += resends.len() as u64;
+        self.out.extend(resends);
+        let timers = self.timers;
+        let mut answer = Vec::new();
+        let mut hang_up = Vec::new();
+        let mut gone = Vec::new();
+        for (k, call) in self.calls.iter_mut() {
+            let ended = call.session.state() == SessionState::Ended;
+            match &mut call.state {
+                CallState::Ringing { answer_at } => {
+                    if ended {
+                        gone.push((k.clone(), "session_ended_ringing"));
+                    } else if now >= *answer_at {
+                        answer.push(k.clone());
+                    }
+                }
+                CallState::Answered {
+                    ok,
+                    resend,
+                    give_up_at,
+                } => {
+                    if ended || now >= *give_up_at {
+                        hang_up.push(k.clone());
+                    } else if resend.due(now, &timers) {
+                        self.counters.resent += 1;
+                        self.out.push((call.peer, ok.clone()));
+                    }
+                }
+                CallState::Confirmed => {
+                    if ended {
+                        hang_up.push(k.clone());
+                    }
+                }
+                CallState::Ending {
+                    bye,
+                    resend,
+                    give_up_at,
+                    ..
+                } => {
+                    if now >= *give_up_at {
+                        gone.push((k.clone(), "bye_unanswered"));
+                    } else if resend.due(now, &timers) {
+                        self.counters.resent += 1;
+                        self.out.push((call.peer, bye.clone()));
+                    }
+                }
+            }
+        }
+        for k in answer {
+            self.answer(&k, now);
+        }
+        for k in hang_up {
+            self.hang_up(&k, now);
+        }
+        for (k, why) in gone {
+            if why == "session_ended_ringing" {
+                if let Some(call) = self.calls.get(&k) {
+                    let (invite, key, peer, tag) = (
+                        call.invite.clone(),
+                        call.invite_tx.clone(),
+                        call.peer,
+                        call.local_tag.clone(),
+                    );
+                    self.respond(&invite, &key, peer, 480, Some(&tag), &[], None, now);
+                }
+            }
+            self.end_call(&k, why);
+        }
+    }
+}
+
+/// A `Warning` header (RFC 3261 §20.43, code 399: miscellaneous) with `why`.
+fn warning(why: &str) -> String {
+    let text: String = why
+        .chars()
+        .filter(|c| *c != '"' && *c != '\\' && !c.is_control())
+        .take(200)
+        .collect();
+    format!("Warning: 399 moshid \"{text}\"")
+}

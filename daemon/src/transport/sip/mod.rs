@@ -1,0 +1,64 @@
+//! The SIP endpoint (RFC 3261): SIP trunks, Asterisk PJSIP, FreeSWITCH,
+//! Kamailio and softphones call moshid directly; each call's media is an
+//! RTP session of the RTP transport ([`crate::transport::rtp`]: symmetric
+//! latching, jitter buffer, concealment, RFC 4733 DTMF, pacing), started
+//! through the same code as `POST /v1/rtp/sessions`, so its session id and
+//! `/v1/sessions/{id}/events` are the RTP session's.
+//!
+//! With `sip.enabled`, every I/O core binds `sip.address` over UDP
+//! (`SO_REUSEPORT`) and runs its own [`endpoint`]: transactions and calls
+//! are per core, and a peer's datagrams always reach the same core.
+//!
+//! Files: [`config`] (`sip.*` and its checks), [`message`] (SIP message
+//! parsing and framing), [`uri`] (SIP URIs), [`sdp`] (offer/answer over
+//! the `sdp-types` parser), [`params`] (a call's session parameters),
+//! [`build`] (responses and in-dialog requests), [`transaction`] (server
+//! transactions and their timers), [`call`] (a dialog), [`endpoint`] (the
+//! requests' handling), [`udp`] (the socket and its tasks).
+//!
+//! Parsing: SDP goes through `sdp-types` (a maintained RFC 8866 parser and
+//! writer). SIP itself is parsed here: the crates looked at were either
+//! unmaintained (`rsip` 0.4, last released 2022, no licence in its
+//! metadata) or a whole stack with its own string types and transaction
+//! layer (`ezk-sip-types`), while the endpoint needs the message grammar
+//! only, bounded by its own limits. Both parsers are fuzzed
+//! (`fuzz/fuzz_targets/sip_message.rs`, `sdp_offer.rs`) and have tables of
+//! malformed cases in their tests.
+//!
+//! Who may call: on loopback anyone; elsewhere `sip.allowed_sources` is
+//! required at start, and other sources get 403.
+
+pub mod build;
+pub mod call;
+pub mod config;
+pub mod endpoint;
+pub mod message;
+pub mod params;
+pub mod sdp;
+pub mod transaction;
+pub mod udp;
+pub mod uri;
+
+/// Checks `sip.params` and every `sip.users` entry against the model at
+/// start, so that a bad parameter stops the daemon instead of failing
+/// every call.
+pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
+    let cfg = &shared.config;
+    let check = |key: String, map: &std::collections::BTreeMap<String, String>| {
+        let pairs: Vec<(String, String)> = cfg
+            .sip
+            .params
+            .iter()
+            .chain(map.iter())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        crate::session::params::session_params(&pairs, &cfg.defaults, &shared.model_info)
+            .map(|_| ())
+            .map_err(|e| format!("config key `{key}`: {e}"))
+    };
+    check("sip.params".into(), &Default::default())?;
+    for (user, map) in &cfg.sip.users {
+        check(format!("sip.users.{user}"), map)?;
+    }
+    Ok(())
+}

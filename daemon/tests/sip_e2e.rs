@@ -1,0 +1,687 @@
+//! End-to-end tests of the SIP endpoint against the real `moshid serve`
+//! and a SIP peer nobody here wrote — Debian's sipp (sip-tester) — each
+//! test in a network namespace of its own with only loopback
+//! (`sip_common`).
+//!
+//! Scenarios (`tests/data/sip/`): a basic call with PCMU RTP both ways and
+//! BYE from sipp; CANCEL before the answer (487); OPTIONS (Allow, Accept);
+//! a retransmitted INVITE answered once; a call over capacity (503 with
+//! Retry-After) and over `sip.max_dialogs` (486); no common codec (488);
+//! BYE from moshid at `session.max_session_seconds`; hold and resume by
+//! re-INVITE; 30 calls at once. baresip dials moshid over PCMU, plays a
+//! WAV file and records what it hears. A raw UDP peer checks what sipp cannot
+//! easily: the 200 retransmitted until the ACK (timer G for 2xx, T1
+//! doubling), and malformed requests next to a live call (each gets its
+//! 4xx; the call does not notice).
+//!
+//! Nothing asserts timing: gaps and durations are printed. moshid's side
+//! of each call is read from its log (`sip call start/end`, `rtp session
+//! end … received= packets_sent=`).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod sip_common;
+
+use common::Daemon;
+use sip_common::{field, inside_netns, need, sipp, ulaw_file};
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+const LOG_WAIT: Duration = Duration::from_secs(30);
+
+fn sip_config(extra_sip: &str, extra: &str) -> String {
+    let sep = if extra_sip.is_empty() { "" } else { ", " };
+    let sep2 = if extra.is_empty() { "" } else { ", " };
+    format!(
+        r#"{{"sip": {{"enabled": true, "address": "127.0.0.1:0"{sep}{extra_sip}}}, "rtp": {{"inactivity_timeout_ms": 5000}}{sep2}{extra}}}"#
+    )
+}
+
+fn start(extra_sip: &str, extra: &str, args: &[&str]) -> (Daemon, SocketAddr) {
+    let d = Daemon::start(args, Some(&sip_config(extra_sip, extra)));
+    let sip = d.sip.expect("the daemon printed its SIP address");
+    (d, sip)
+}
+
+/// The log lines containing every one of `needles`.
+fn lines(d: &Daemon, needles: &[&str]) -> Vec<String> {
+    d.stderr()
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits for `n` log lines with `needles`.
+fn wait_lines(d: &Daemon, needles: &[&str], n: usize) -> Vec<String> {
+    let deadline = Instant::now() + LOG_WAIT;
+    loop {
+        let found = lines(d, needles);
+        if found.len() >= n {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} log line(s) with {needles:?} expected, {} found; stderr:\n{}",
+            found.len(),
+            d.stderr_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn basic_call_with_rtp_both_ways() {
+    if !need("sipp") || !inside_netns("basic_call_with_rtp_both_ways") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    let run = sipp(
+        d.temp_dir(),
+        sip,
+        "basic_call",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "3000".into()),
+        ],
+        1,
+        1,
+    );
+    run.assert_ok("basic_call");
+    let start = wait_lines(&d, &["sip call start"], 1);
+    println!("{}", start[0]);
+    assert!(
+        start[0].contains("codec=PCMU pt=0 dtmf_pt=101 ptime_ms=20"),
+        "{}",
+        start[0]
+    );
+    assert!(start[0].contains("remote_rtp=127.0.0.1:"), "{}", start[0]);
+    let end = wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    println!("{}", end[0]);
+    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    println!("{}", rtp[0]);
+    // About 150 packets each way in 3 s; at least a second's worth.
+    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
+    assert!(field(&rtp[0], "packets_sent") >= 50, "{}", rtp[0]);
+    assert!(field(&rtp[0], "frames_to_engine") >= 10, "{}", rtp[0]);
+    let record = wait_lines(&d, &["session end", "transport=sip"], 1);
+    println!("{}", record[0]);
+}
+
+#[test]
+fn cancel_before_answer_gets_487() {
+    if !need("sipp") || !inside_netns("cancel_before_answer_gets_487") {
+        return;
+    }
+    let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
+    sipp(d.temp_dir(), sip, "cancel", &[], 1, 1).assert_ok("cancel");
+    let end = wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+    println!("{}", end[0]);
+    // The RTP session made for the call ended with it.
+    wait_lines(&d, &["rtp session end"], 1);
+    assert!(lines(&d, &["sip call start"]).len() == 1);
+}
+
+#[test]
+fn options_answers_allow_and_accept() {
+    if !need("sipp") || !inside_netns("options_answers_allow_and_accept") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    sipp(d.temp_dir(), sip, "options", &[], 3, 10).assert_ok("options");
+    assert!(lines(&d, &["sip call start"]).is_empty());
+}
+
+#[test]
+fn retransmitted_invite_is_one_call() {
+    if !need("sipp") || !inside_netns("retransmitted_invite_is_one_call") {
+        return;
+    }
+    // Ringing for a while, so that the retransmission comes before the 200.
+    let (d, sip) = start(r#""ring_ms": 1000"#, "", &[]);
+    sipp(d.temp_dir(), sip, "retransmitted_invite", &[], 1, 1).assert_ok("retransmitted_invite");
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    assert_eq!(
+        lines(&d, &["sip call start"]).len(),
+        1,
+        "{}",
+        d.stderr_tail()
+    );
+    assert_eq!(
+        lines(&d, &["rtp session start"]).len(),
+        1,
+        "{}",
+        d.stderr_tail()
+    );
+}
+
+#[test]
+fn over_capacity_gets_503_and_486() {
+    if !need("sipp") || !inside_netns("over_capacity_gets_503_and_486") {
+        return;
+    }
+    // One slot: a second call while the first holds it gets 503 + Retry-After.
+    let (d, sip) = start(r#""retry_after_s": 7"#, "", &["--max-slots", "1"]);
+    let audio = ulaw_file(d.temp_dir(), 8);
+    let dir = d.temp_dir().to_path_buf();
+    let first = std::thread::spawn(move || {
+        sipp(
+            &dir,
+            sip,
+            "basic_call",
+            &[
+                ("@AUDIO@", audio.display().to_string()),
+                ("@PAUSE_MS@", "4000".into()),
+            ],
+            1,
+            1,
+        )
+    });
+    wait_lines(&d, &["sip call start"], 1);
+    sipp(
+        d.temp_dir(),
+        sip,
+        "busy",
+        &[
+            ("@CODE@", "503".into()),
+            ("@HEADER_RE@", "Retry-After: 7".into()),
+        ],
+        1,
+        1,
+    )
+    .assert_ok("busy (503)");
+    first.join().unwrap().assert_ok("the call holding the slot");
+    drop(d);
+    // One dialog per core: 486 Busy Here.
+    let (d, sip) = start(r#""max_dialogs": 1"#, "", &["--max-slots", "2"]);
+    let audio = ulaw_file(d.temp_dir(), 8);
+    let dir = d.temp_dir().to_path_buf();
+    let first = std::thread::spawn(move || {
+        sipp(
+            &dir,
+            sip,
+            "basic_call",
+            &[
+                ("@AUDIO@", audio.display().to_string()),
+                ("@PAUSE_MS@", "4000".into()),
+            ],
+            1,
+            1,
+        )
+    });
+    wait_lines(&d, &["sip call start"], 1);
+    sipp(
+        d.temp_dir(),
+        sip,
+        "busy",
+        &[
+            ("@CODE@", "486".into()),
+            ("@HEADER_RE@", "max_dialogs".into()),
+        ],
+        1,
+        1,
+    )
+    .assert_ok("busy (486)");
+    first
+        .join()
+        .unwrap()
+        .assert_ok("the call holding the dialog");
+}
+
+#[test]
+fn no_common_codec_gets_488() {
+    if !need("sipp") || !inside_netns("no_common_codec_gets_488") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    sipp(d.temp_dir(), sip, "no_codec", &[], 1, 1).assert_ok("no_codec");
+    assert!(lines(&d, &["rtp session start"]).is_empty());
+}
+
+#[test]
+fn moshid_hangs_up_at_max_session_seconds() {
+    if !need("sipp") || !inside_netns("moshid_hangs_up_at_max_session_seconds") {
+        return;
+    }
+    let (d, sip) = start("", r#""session": {"max_session_seconds": 2}"#, &[]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    let t = Instant::now();
+    sipp(
+        d.temp_dir(),
+        sip,
+        "bye_from_moshid",
+        &[("@AUDIO@", audio.display().to_string())],
+        1,
+        1,
+    )
+    .assert_ok("bye_from_moshid");
+    println!("BYE from moshid after {:.1} s", t.elapsed().as_secs_f64());
+    let end = wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    println!("{}", end[0]);
+    let rec = wait_lines(&d, &["session end", "transport=sip"], 1);
+    assert!(rec[0].contains("max_duration"), "{}", rec[0]);
+}
+
+#[test]
+fn hold_and_resume_by_reinvite() {
+    if !need("sipp") || !inside_netns("hold_and_resume_by_reinvite") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    sipp(d.temp_dir(), sip, "hold", &[], 1, 1).assert_ok("hold");
+    for dir in ["recvonly", "inactive", "sendrecv"] {
+        wait_lines(&d, &["sip call reinvite", &format!("direction={dir}")], 1);
+    }
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+}
+
+#[test]
+fn many_calls_at_once() {
+    if !need("sipp") || !inside_netns("many_calls_at_once") {
+        return;
+    }
+    // 50 at once completed 40 on the shared 2-core development machine (the
+    // rest refused): 30 is what this test holds the daemon to.
+    let calls = 30;
+    let (d, sip) = start("", "", &["--max-slots", "32"]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    let t = Instant::now();
+    sipp(
+        d.temp_dir(),
+        sip,
+        "basic_call",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "3000".into()),
+        ],
+        calls,
+        calls,
+    )
+    .assert_ok("many calls");
+    println!("{calls} calls in {:.1} s", t.elapsed().as_secs_f64());
+    let ends = wait_lines(&d, &["rtp session end"], calls as usize);
+    let received: Vec<u64> = ends.iter().map(|l| field(l, "received")).collect();
+    let sent: Vec<u64> = ends.iter().map(|l| field(l, "packets_sent")).collect();
+    println!(
+        "RTP per call: received min {} max {}, sent min {} max {}",
+        received.iter().min().unwrap(),
+        received.iter().max().unwrap(),
+        sent.iter().min().unwrap(),
+        sent.iter().max().unwrap()
+    );
+    assert_eq!(lines(&d, &["sip call start"]).len(), calls as usize);
+    assert!(received.iter().all(|&r| r > 0) && sent.iter().all(|&s| s > 0));
+    assert_eq!(
+        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        calls as usize
+    );
+}
+
+/// A raw SIP peer on a UDP socket.
+struct RawPeer {
+    socket: UdpSocket,
+    to: SocketAddr,
+}
+
+impl RawPeer {
+    fn new(to: SocketAddr) -> RawPeer {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        RawPeer { socket, to }
+    }
+
+    fn port(&self) -> u16 {
+        self.socket.local_addr().unwrap().port()
+    }
+
+    fn send(&self, msg: &str) {
+        self.socket.send_to(msg.as_bytes(), self.to).unwrap();
+    }
+
+    /// The next datagram, as text.
+    fn recv(&self) -> String {
+        let mut buf = vec![0u8; 65536];
+        let (n, _) = self
+            .socket
+            .recv_from(&mut buf)
+            .expect("a SIP message in time");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// The next response's status code (skipping requests).
+    fn recv_status(&self) -> (u16, String) {
+        loop {
+            let m = self.recv();
+            if let Some(rest) = m.strip_prefix("SIP/2.0 ") {
+                return (rest[..3].parse().unwrap(), m);
+            }
+        }
+    }
+
+    fn invite(&self, call: &str, branch: &str, sdp: &str) -> String {
+        let port = self.port();
+        format!(
+            "INVITE sip:moshi@{to} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch={branch}\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: <sip:moshi@{to}>\r\nCall-ID: {call}\r\n\
+             CSeq: 1 INVITE\r\nContact: <sip:raw@127.0.0.1:{port}>\r\nMax-Forwards: 70\r\n\
+             Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
+            sdp.len(),
+            to = self.to
+        )
+    }
+}
+
+fn header<'a>(msg: &'a str, name: &str) -> Option<&'a str> {
+    msg.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+        .map(str::trim)
+}
+
+const RAW_SDP: &str = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n";
+
+#[test]
+fn ok_retransmitted_until_ack() {
+    if !inside_netns("ok_retransmitted_until_ack") {
+        return;
+    }
+    let (d, sip) = start(r#""t1_ms": 100, "t2_ms": 4000"#, "", &[]);
+    let p = RawPeer::new(sip);
+    p.send(&p.invite("retx-1", "z9hG4bK-retx-1", RAW_SDP));
+    let mut oks = Vec::new();
+    while oks.len() < 5 {
+        let (code, m) = p.recv_status();
+        if code == 200 {
+            oks.push((Instant::now(), m));
+        }
+    }
+    let gaps: Vec<f64> = oks
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0).as_secs_f64() * 1000.0)
+        .collect();
+    println!("200 retransmission gaps (ms, T1 = 100): {gaps:.0?}");
+    assert!(
+        oks.iter().all(|(_, m)| *m == oks[0].1),
+        "a retransmission is the same 200"
+    );
+    let to = header(&oks[0].1, "To").unwrap().to_string();
+    assert!(to.contains(";tag="), "{to}");
+    let port = p.port();
+    let in_dialog = |method: &str, cseq: u32, branch: &str| {
+        format!(
+            "{method} sip:moshid@{sip} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch={branch}\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: {to}\r\nCall-ID: retx-1\r\n\
+             CSeq: {cseq} {method}\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    p.send(&in_dialog("ACK", 1, "z9hG4bK-retx-ack"));
+    p.send(&in_dialog("BYE", 2, "z9hG4bK-retx-bye"));
+    loop {
+        let (code, m) = p.recv_status();
+        if header(&m, "CSeq") == Some("2 BYE") {
+            assert_eq!(code, 200, "{m}");
+            break;
+        }
+    }
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+}
+
+#[test]
+fn malformed_requests_get_4xx_and_the_call_goes_on() {
+    if !need("sipp") || !inside_netns("malformed_requests_get_4xx_and_the_call_goes_on") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    let audio = ulaw_file(d.temp_dir(), 8);
+    let dir = d.temp_dir().to_path_buf();
+    let call = std::thread::spawn(move || {
+        sipp(
+            &dir,
+            sip,
+            "basic_call",
+            &[
+                ("@AUDIO@", audio.display().to_string()),
+                ("@PAUSE_MS@", "4000".into()),
+            ],
+            1,
+            1,
+        )
+    });
+    wait_lines(&d, &["sip call start"], 1);
+    let p = RawPeer::new(sip);
+    let port = p.port();
+    let n = std::cell::Cell::new(0u32);
+    let req = |first: &str, extra: &str, body: &str| {
+        n.set(n.get() + 1);
+        let i = n.get();
+        format!(
+            "{first}\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-bad-{}\r\n\
+             From: <sip:raw@127.0.0.1>;tag=x\r\nTo: <sip:moshi@127.0.0.1>\r\nCall-ID: bad-{}\r\n{extra}\
+             Content-Length: {}\r\n\r\n{body}",
+            i,
+            i,
+            body.len()
+        )
+    };
+    let sdp = |m: &str| {
+        format!("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n{m}")
+    };
+    // (request, expected status)
+    let cases: Vec<(String, u16)> = vec![
+        (
+            req("INVITE sip:moshi@127.0.0.1 SIP/2.0", "CSeq: 1 BYE\r\n", ""),
+            400,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nMax-Forwards: 0\r\n",
+                "",
+            ),
+            483,
+        ),
+        (
+            req("INVITE http://moshi SIP/2.0", "CSeq: 1 INVITE\r\n", ""),
+            416,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\n",
+                "",
+            ),
+            488,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nContent-Type: text/plain\r\n",
+                "hello",
+            ),
+            415,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nContent-Type: application/sdp\r\n",
+                "not sdp",
+            ),
+            400,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nContent-Type: application/sdp\r\n",
+                &sdp("m=audio 4000 RTP/SAVP 0\r\n"),
+            ),
+            488,
+        ),
+        (
+            req(
+                "INVITE sip:moshi;text_temperature=-3@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nContent-Type: application/sdp\r\n",
+                &sdp("m=audio 4000 RTP/AVP 0\r\n"),
+            ),
+            400,
+        ),
+        (
+            req(
+                "INVITE sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 INVITE\r\nRequire: 100rel\r\n",
+                "",
+            ),
+            420,
+        ),
+        (
+            req("BYE sip:moshi@127.0.0.1 SIP/2.0", "CSeq: 2 BYE\r\n", ""),
+            481,
+        ),
+        (
+            req(
+                "CANCEL sip:moshi@127.0.0.1 SIP/2.0",
+                "CSeq: 1 CANCEL\r\n",
+                "",
+            ),
+            481,
+        ),
+        (
+            req("REGISTER sip:127.0.0.1 SIP/2.0", "CSeq: 1 REGISTER\r\n", ""),
+            405,
+        ),
+    ];
+    for (msg, want) in &cases {
+        p.send(msg);
+        // The final answer (an INVITE gets 100 Trying first).
+        let (code, resp) = loop {
+            let (code, resp) = p.recv_status();
+            if code >= 200 {
+                break (code, resp);
+            }
+        };
+        let first = msg.lines().next().unwrap();
+        println!(
+            "{first} -> {code} {}",
+            header(&resp, "Warning").unwrap_or("")
+        );
+        assert_eq!(code, *want, "{msg}\n->\n{resp}");
+    }
+    // Not SIP at all, or without the headers an answer needs: dropped.
+    for junk in [
+        "",
+        "\u{0}\u{1}garbage",
+        "INVITE sip:a SIP/2.0\r\n\r\n",
+        "GET / HTTP/1.1\r\n\r\n",
+    ] {
+        p.send(junk);
+    }
+    call.join()
+        .unwrap()
+        .assert_ok("the call next to the malformed requests");
+    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
+    assert_eq!(
+        lines(&d, &["sip call start"]).len(),
+        1,
+        "only the real call started"
+    );
+}
+
+/// baresip dials moshid with `codec` as moshid's only choice, plays a WAV
+/// file and records what it hears (its `sndfile` module dumps the decoded
+/// audio); returns (samples heard, moshid's RTP end line).
+fn baresip_call(codec: &str) -> (usize, String) {
+    let (d, sip) = start(&format!(r#""codecs": ["{codec}"]"#), "", &[]);
+    let dir = d.temp_dir().join("baresip");
+    std::fs::create_dir_all(&dir).unwrap();
+    // 4 s of a 440 Hz tone at 8 kHz, 16-bit mono.
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 8000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let input = dir.join("in.wav");
+    let mut w = hound::WavWriter::create(&input, spec).unwrap();
+    for i in 0..8000 * 4 {
+        let x = (2.0 * std::f32::consts::PI * 440.0 * i as f32 / 8000.0).sin() * 8000.0;
+        w.write_sample(x as i16).unwrap();
+    }
+    w.finalize().unwrap();
+    let config = format!(
+        "poll_method epoll\nsip_listen 127.0.0.1:{port}\naudio_source aufile,{input}\n\
+         audio_player aubridge,moshid\naudio_alert aubridge,moshid\nmodule_path /usr/lib/baresip/modules\n\
+         module menu.so\nmodule g711.so\nmodule opus.so\nmodule aufile.so\nmodule aubridge.so\n\
+         module sndfile.so\nsnd_path {dir}\n",
+        port = sip_common::free_udp_port(),
+        input = input.display(),
+        dir = dir.display()
+    );
+    std::fs::write(dir.join("config"), config).unwrap();
+    std::fs::write(dir.join("accounts"), "").unwrap();
+    std::fs::write(dir.join("contacts"), "").unwrap();
+    let out = std::process::Command::new("timeout")
+        .args(["60", "baresip", "-v", "-f"])
+        .arg(&dir)
+        .args(["-e", "/uanew sip:baresip@127.0.0.1;regint=0"])
+        .args(["-e", &format!("/dial sip:moshi@{sip}")])
+        .args(["-t", "8"])
+        .output()
+        .expect("running baresip");
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // The status line is redrawn with CRs: keep lines only.
+    let log = log.replace('\r', "\n");
+    println!(
+        "baresip (tail):\n{}",
+        log.lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let rtp = wait_lines(&d, &["rtp session end"], 1).remove(0);
+    println!("{rtp}");
+    let heard = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with("-dec.wav"))
+        .unwrap_or_else(|| {
+            panic!(
+                "baresip recorded nothing (no *-dec.wav in {})",
+                dir.display()
+            )
+        });
+    let r = hound::WavReader::open(&heard).expect("baresip's recording");
+    let rate = r.spec().sample_rate;
+    let samples: Vec<i16> = r.into_samples::<i16>().map(Result::unwrap).collect();
+    let rms = (samples.iter().map(|&s| (s as f64).powi(2)).sum::<f64>()
+        / samples.len().max(1) as f64)
+        .sqrt();
+    println!(
+        "baresip heard {} samples at {rate} Hz ({:.1} s), rms {rms:.1}",
+        samples.len(),
+        samples.len() as f64 / rate as f64
+    );
+    let start = wait_lines(&d, &["sip call start"], 1).remove(0);
+    println!("{start}");
+    assert!(start.contains(&format!("codec={codec}")), "{start}");
+    (samples.len() / (rate as usize / 8000).max(1), rtp)
+}
+
+#[test]
+fn baresip_calls_with_pcmu() {
+    if !need("baresip") || !inside_netns("baresip_calls_with_pcmu") {
+        return;
+    }
+    let (heard, rtp) = baresip_call("PCMU");
+    // baresip plays 4 s: moshid received and answered at least 2 s of it.
+    assert!(field(&rtp, "received") >= 100, "{rtp}");
+    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
+}
