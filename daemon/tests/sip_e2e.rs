@@ -156,77 +156,64 @@ fn retransmitted_invite_is_one_call() {
     );
 }
 
+/// Starts a daemon with `extra_sip` and `args`, holds it busy with one call,
+/// and checks that a second call is refused with `code` and a header
+/// matching `header_re` while the first goes on to its end.
+fn busy_while_one_call_holds(extra_sip: &str, args: &[&str], code: u16, header_re: &str) {
+    let (d, sip) = start(extra_sip, "", args);
+    let audio = ulaw_file(d.temp_dir(), 8);
+    let dir = d.temp_dir().to_path_buf();
+    let first = std::thread::spawn(move || {
+        sipp(
+            &dir,
+            sip,
+            "basic_call",
+            &[
+                ("@AUDIO@", audio.display().to_string()),
+                ("@PAUSE_MS@", "4000".into()),
+            ],
+            1,
+            1,
+        )
+    });
+    wait_lines(&d, &["sip call start"], 1);
+    sipp(
+        d.temp_dir(),
+        sip,
+        "busy",
+        &[
+            ("@CODE@", code.to_string()),
+            ("@HEADER_RE@", header_re.into()),
+        ],
+        1,
+        1,
+    )
+    .assert_ok(&format!("busy ({code})"));
+    first
+        .join()
+        .unwrap()
+        .assert_ok("the call holding the slot or dialog");
+}
+
 #[test]
 fn over_capacity_gets_503_and_486() {
     if !need("sipp") || !inside_netns("over_capacity_gets_503_and_486") {
         return;
     }
     // One slot: a second call while the first holds it gets 503 + Retry-After.
-    let (d, sip) = start(r#""retry_after_s": 7"#, "", &["--max-slots", "1"]);
-    let audio = ulaw_file(d.temp_dir(), 8);
-    let dir = d.temp_dir().to_path_buf();
-    let first = std::thread::spawn(move || {
-        sipp(
-            &dir,
-            sip,
-            "basic_call",
-            &[
-                ("@AUDIO@", audio.display().to_string()),
-                ("@PAUSE_MS@", "4000".into()),
-            ],
-            1,
-            1,
-        )
-    });
-    wait_lines(&d, &["sip call start"], 1);
-    sipp(
-        d.temp_dir(),
-        sip,
-        "busy",
-        &[
-            ("@CODE@", "503".into()),
-            ("@HEADER_RE@", "Retry-After: 7".into()),
-        ],
-        1,
-        1,
-    )
-    .assert_ok("busy (503)");
-    first.join().unwrap().assert_ok("the call holding the slot");
-    drop(d);
+    busy_while_one_call_holds(
+        r#""retry_after_s": 7"#,
+        &["--max-slots", "1"],
+        503,
+        "Retry-After: 7",
+    );
     // One dialog per core: 486 Busy Here.
-    let (d, sip) = start(r#""max_dialogs": 1"#, "", &["--max-slots", "2"]);
-    let audio = ulaw_file(d.temp_dir(), 8);
-    let dir = d.temp_dir().to_path_buf();
-    let first = std::thread::spawn(move || {
-        sipp(
-            &dir,
-            sip,
-            "basic_call",
-            &[
-                ("@AUDIO@", audio.display().to_string()),
-                ("@PAUSE_MS@", "4000".into()),
-            ],
-            1,
-            1,
-        )
-    });
-    wait_lines(&d, &["sip call start"], 1);
-    sipp(
-        d.temp_dir(),
-        sip,
-        "busy",
-        &[
-            ("@CODE@", "486".into()),
-            ("@HEADER_RE@", "max_dialogs".into()),
-        ],
-        1,
-        1,
-    )
-    .assert_ok("busy (486)");
-    first
-        .join()
-        .unwrap()
-        .assert_ok("the call holding the dialog");
+    busy_while_one_call_holds(
+        r#""max_dialogs": 1"#,
+        &["--max-slots", "2"],
+        486,
+        "max_dialogs",
+    );
 }
 
 #[test]

@@ -725,6 +725,13 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
     let on_at = input.metrics_on_at_s.map(|s| s / 60.0);
     let note = on_at.map_or(String::new(), |m| format!("; metrics on at {m:.0} min"));
 
+    // One series of the memory chart: a KiB reading per minute, in MiB.
+    let mib_series = |kib: fn(&Reading) -> u64| -> Vec<(f64, f64)> {
+        readings
+            .iter()
+            .map(|r| (minutes_x(r), kib(r) as f64 / 1024.0))
+            .collect()
+    };
     let path = dir.join("memory.svg");
     line_chart(
         &path,
@@ -732,34 +739,10 @@ pub fn write(dir: &Path, report: &SoakReport, input: &Input<'_>) -> Result<Vec<S
         "minutes",
         "MiB",
         &[
-            (
-                "RSS",
-                readings
-                    .iter()
-                    .map(|r| (minutes_x(r), r.rss_kib as f64 / 1024.0))
-                    .collect(),
-            ),
-            (
-                "RSS anonymous",
-                readings
-                    .iter()
-                    .map(|r| (minutes_x(r), r.rss_anon_kib as f64 / 1024.0))
-                    .collect(),
-            ),
-            (
-                "heap total (allocator)",
-                readings
-                    .iter()
-                    .map(|r| (minutes_x(r), r.heap_total_kib as f64 / 1024.0))
-                    .collect(),
-            ),
-            (
-                "heap in use",
-                readings
-                    .iter()
-                    .map(|r| (minutes_x(r), r.heap_in_use_kib as f64 / 1024.0))
-                    .collect(),
-            ),
+            ("RSS", mib_series(|r| r.rss_kib)),
+            ("RSS anonymous", mib_series(|r| r.rss_anon_kib)),
+            ("heap total (allocator)", mib_series(|r| r.heap_total_kib)),
+            ("heap in use", mib_series(|r| r.heap_in_use_kib)),
         ],
         &[],
         false,

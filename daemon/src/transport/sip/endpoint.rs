@@ -26,7 +26,7 @@ use super::call::{Call, CallState};
 use super::config::SipConfig;
 use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
-use super::sdp::{self, Negotiation, OfferError};
+use super::sdp::{self, Negotiation};
 use super::transaction::{self, Backoff, Table, Timers};
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
@@ -332,12 +332,8 @@ impl Endpoint {
             Ok(o) => o,
             Err(e) => {
                 self.counters.not_acceptable += 1;
-                let code = match e {
-                    OfferError::Malformed(_) => 400,
-                    OfferError::NotAcceptable(_) => 488,
-                };
                 let w = warning(&e.to_string());
-                self.respond(&req, key, src, code, None, &[w], None, now);
+                self.respond(&req, key, src, e.status_code(), None, &[w], None, now);
                 return;
             }
         };
@@ -576,12 +572,8 @@ impl Endpoint {
             match sdp::parse_offer(&req.msg.body) {
                 Ok(o) => o,
                 Err(e) => {
-                    let code = match e {
-                        OfferError::Malformed(_) => 400,
-                        OfferError::NotAcceptable(_) => 488,
-                    };
                     let w = warning(&e.to_string());
-                    self.respond(&req, key, src, code, None, &[w], None, now);
+                    self.respond(&req, key, src, e.status_code(), None, &[w], None, now);
                     return;
                 }
             }

@@ -98,6 +98,17 @@ pub enum OfferError {
     NotAcceptable(String),
 }
 
+impl OfferError {
+    /// The SIP status code that refuses the offer: 400 when it does not
+    /// parse, 488 when nothing in it can be taken.
+    pub fn status_code(&self) -> u16 {
+        match self {
+            OfferError::Malformed(_) => 400,
+            OfferError::NotAcceptable(_) => 488,
+        }
+    }
+}
+
 fn static_format(pt: u8) -> Option<(&'static str, u32, u32)> {
     match pt {
         0 => Some(("PCMU", 8000, 1)),
