@@ -1,14 +1,16 @@
 //! Phase groups: which of the engine's ticks steps each stream.
 //!
 //! The engine ticks on a grid of `positions` ticks per 80 ms period
-//! ([`MaxGroups::positions`]). A plan uses `G` groups, `G` a divisor of
-//! `positions` up to the configured maximum, evenly spaced `80/G` ms
-//! apart; the engine picks the largest `G` whose groups stay within budget:
-//! the sum of the step times per period within `80 − margin` ms, and, steps
-//! running one after another, no group's tick pushed later than
-//! [`lateness_allowed_ms`] (half the spacing) by the steps before it. Few
-//! streams get many small steps, each close to its stream's phase; as load
-//! grows, groups merge.
+//! ([`MaxGroups::positions`]: 1 ms apart for `auto`). A plan uses `G`
+//! groups, `G` a divisor of `positions` up to the configured maximum, evenly
+//! spaced `80/G` ms apart; the engine picks the largest `G` whose groups stay
+//! within budget: the sum of the step times per period within `80 − margin`
+//! ms, and, steps running one after another, no group's tick pushed later
+//! than [`lateness_allowed_ms`] (half the spacing, at least
+//! [`MIN_LATENESS_MS`]) by the steps before it. Few streams get many small
+//! steps, each close to its stream's phase; as load grows, groups merge.
+//! Only occupied groups tick with work, so 80 groups of which three hold
+//! streams cost three steps per period.
 //!
 //! * A stream with a measured phase ([`PhaseEstimator`]; until it stands,
 //!   the phase of its latest frame) ticks with the group
@@ -18,8 +20,10 @@
 //!   jitter at a boundary does not move it back and forth.
 //! * A stream without one (telephony, whose transport places its frame cut
 //!   ahead of its group's tick; a WebSocket stream before its first frame) keeps its
-//!   group while that group exists; a new one joins the busiest group that
-//!   has room (batching is cheaper than another step); one whose group
+//!   group while that group exists; a new one joins the busiest of the
+//!   [`ANCHOR_GROUPS`] evenly spaced groups that has room (batching is
+//!   cheaper than another step, and those groups outlive load changes, see
+//!   [`ANCHOR_GROUPS`]); one whose group
 //!   merged away goes to the next group after it, so frames its transport
 //!   already cut for the old tick are still complete before the new one.
 //!
@@ -33,20 +37,43 @@
 
 use super::phase::{PhaseEstimator, PERIOD_NS};
 
-/// Grid positions per period when the number of groups is `auto` (5 ms apart).
-pub const AUTO_POSITIONS: usize = 16;
+/// Grid positions per period when the number of groups is `auto` (1 ms
+/// apart: a lone stream's frame waits at most a millisecond for its tick,
+/// beyond [`GUARD_NS`]; planning at every tick costs a few microseconds).
+pub const AUTO_POSITIONS: usize = 80;
+/// Streams without a measured phase (telephony, whose transports lock their
+/// frame cut to their group's tick) are placed on the positions of this many
+/// evenly spaced groups, and `auto` only uses group counts whose grid keeps
+/// those positions or merges them whole, so such a group stays where its
+/// transports locked on while load changes (down to this many groups).
+pub const ANCHOR_GROUPS: usize = 4;
 /// The most positions a fixed maximum may ask for.
 pub const MAX_FIXED_GROUPS: usize = 4;
-/// A group's tick must come at least this long after a frame's completion.
-pub const GUARD_NS: u64 = 1_000_000;
+/// A group's tick must come at least this long after a frame's completion
+/// (the core pushes the frame into its lane within microseconds of its
+/// completion stamp; the tick drains the lanes as it starts).
+pub const GUARD_NS: u64 = 500_000;
 /// How much farther than `80/G` ms a stream's group may tick after its phase
 /// before the stream moves to an earlier group.
 pub const HYSTERESIS_NS: u64 = 1_000_000;
 /// How late a group's tick may start because the steps before it run on,
-/// with `groups` groups: half their spacing, in milliseconds.
+/// with `groups` groups: half their spacing, and at least
+/// [`MIN_LATENESS_MS`], in milliseconds.
 pub fn lateness_allowed_ms(groups: usize) -> f64 {
-    PERIOD_NS as f64 / 1e6 / groups.max(1) as f64 / 2.0
+    (PERIOD_NS as f64 / 1e6 / groups.max(1) as f64 / 2.0).max(MIN_LATENESS_MS)
 }
+
+/// The least lateness allowed, in milliseconds: on a 1 ms grid, half the
+/// spacing (0.5 ms) is less than one step of the smallest batch, so two
+/// streams on neighbouring ticks could never both be stepped on time; and a
+/// sleeping thread wakes up to a few hundred microseconds late.
+pub const MIN_LATENESS_MS: f64 = 1.0;
+
+/// How long after its group's tick a frame that missed it (a jitter spike
+/// past the stream's phase) may still be stepped by another tick with room,
+/// instead of waiting a whole period: on the 1 ms grid a late frame rarely
+/// arrives before the very next tick.
+pub const CATCH_UP_NS: u64 = 5_000_000;
 
 /// No group assigned (scratch marker).
 const NONE: u8 = u8::MAX;
@@ -128,8 +155,12 @@ struct SlotGroup {
     current: u8,
     /// The group the plan wants it in.
     target: u8,
-    /// Its group ticked and left a frame queued: it is a frame behind.
+    /// Its group ticked and left a frame queued, or found none: any tick with
+    /// room may step it (see [`Grouping::after_tick`]).
     behind: bool,
+    /// Ticks left in which a frame that missed its group's tick may still be
+    /// caught up ([`CATCH_UP_NS`]).
+    catch_up_ticks: u8,
 }
 
 /// The plan's outcome, for reports.
@@ -148,7 +179,7 @@ pub struct PlanSummary {
 /// Every slot's group and phase.
 pub struct Grouping {
     positions: usize,
-    /// Divisors of `positions`, largest first.
+    /// Group counts a plan may use (divisors of `positions`), largest first.
     candidates: Vec<usize>,
     slots: Vec<SlotGroup>,
     groups: usize,
@@ -183,9 +214,19 @@ impl Grouping {
     /// a gap less `margin_ms` per period.
     pub fn new(max_slots: usize, max: MaxGroups, margin_ms: f64) -> Self {
         let positions = max.positions();
+        // Positions are `u8` in the slots and bits of a `u128` in `gap_after_ms`.
+        assert!((1..=128).contains(&positions), "{positions} positions");
+        let anchor_stride = positions / max.max().min(ANCHOR_GROUPS);
         let candidates = (1..=max.max())
             .rev()
             .filter(|g| positions.is_multiple_of(*g))
+            .filter(|g| {
+                // With a fixed maximum every group is an anchor already.
+                let stride = positions / g;
+                max != MaxGroups::Auto
+                    || anchor_stride.is_multiple_of(stride)
+                    || stride.is_multiple_of(anchor_stride)
+            })
             .collect();
         Grouping {
             positions,
@@ -270,24 +311,38 @@ impl Grouping {
     /// group (returns how many moved). A slot of this group that is behind
     /// may be stepped by any tick with room until its queue is empty: one
     /// that still has a frame queued (a burst at connect, a stall), or one
-    /// whose frame missed this tick (a jitter spike past its phase), so that
-    /// frame does not wait a whole period.
+    /// whose frame missed this tick (a jitter spike past its phase; for the
+    /// ticks of the next [`CATCH_UP_NS`]), so that frame does not wait a
+    /// whole period.
     pub fn after_tick(
         &mut self,
         position: usize,
         queued: &dyn Fn(usize) -> usize,
         stepped: &[bool],
     ) -> usize {
+        let tick_ns = PERIOD_NS / self.positions as u64;
+        let window = CATCH_UP_NS.div_ceil(tick_ns).clamp(1, u8::MAX as u64) as u8;
         let mut moved = 0;
         for (s, slot) in self.slots.iter_mut().enumerate() {
             if !slot.open {
                 continue;
             }
+            let own = slot.current as usize == position;
             if queued(s) == 0 {
-                slot.behind = slot.current as usize == position && !stepped[s];
+                if own && !stepped[s] {
+                    // Its frame missed the tick: catch it up for a while.
+                    slot.behind = true;
+                    slot.catch_up_ticks = window;
+                } else if stepped[s] || slot.catch_up_ticks <= 1 {
+                    slot.behind = false;
+                    slot.catch_up_ticks = 0;
+                } else {
+                    slot.catch_up_ticks -= 1;
+                }
                 moved += (slot.current != slot.target) as usize;
                 slot.current = slot.target;
-            } else if slot.current as usize == position {
+            } else if own {
+                // A backlog: behind until the queue is empty.
                 slot.behind = true;
             }
         }
@@ -337,7 +392,8 @@ impl Grouping {
     /// Time from `position`'s tick to the next tick that could step a slot
     /// (any open slot's current or target group), in milliseconds.
     pub fn gap_after_ms(&self, position: usize) -> f64 {
-        let mut mask = 0u64;
+        // One bit per position (at most 128: asserted at construction).
+        let mut mask = 0u128;
         for s in self.slots.iter().filter(|s| s.open) {
             for g in [s.current, s.target] {
                 if g != NONE {
@@ -447,21 +503,28 @@ impl Grouping {
             self.assign[s] = a;
             self.counts[a as usize] += 1;
         }
-        // New slots without a phase: the busiest group with room.
-        let room_ms = spacing_ns as f64 / 1e6 * self.budget_share;
+        // New slots without a phase join an anchor group (those of the plan's
+        // positions that are on the anchor grid; position 0 always is): the
+        // busiest whose step still fits the anchors' spacing, else the least
+        // loaded. The plan's fit then decides how many groups there are.
+        let anchors = g.min(ANCHOR_GROUPS);
+        let room_ms = PERIOD_NS as f64 / 1e6 / anchors as f64 * self.budget_share;
+        let anchor_stride = self.positions / anchors;
         for s in 0..self.slots.len() {
             if !self.slots[s].open || self.assign[s] != NONE {
                 continue;
             }
-            let positions = (0..self.positions).step_by(stride);
-            let with_room = positions
+            let counts = &self.counts;
+            // `stride` divides `anchor_stride` (see the candidates in `new`).
+            let anchors = (0..self.positions).step_by(anchor_stride);
+            let with_room = anchors
                 .clone()
-                .filter(|&p| step_ms(self.counts[p] + 1) <= room_ms)
-                .max_by_key(|&p| (self.counts[p], std::cmp::Reverse(p)));
+                .filter(|&p| step_ms(counts[p] + 1) <= room_ms)
+                .max_by_key(|&p| (counts[p], std::cmp::Reverse(p)));
             let p = with_room.unwrap_or_else(|| {
-                positions
-                    .min_by_key(|&p| (self.counts[p], p))
-                    .expect("at least one group")
+                anchors
+                    .min_by_key(|&p| (counts[p], p))
+                    .expect("position 0 is an anchor")
             });
             self.assign[s] = p as u8;
             self.counts[p] += 1;
@@ -567,8 +630,8 @@ mod tests {
         feed(&mut g, 0, 12 * MS, 8);
         let p = g.plan(&linear);
         assert_eq!(p.groups, AUTO_POSITIONS);
-        // 12 ms + 1 ms guard: the 15 ms tick (position 3 of 16).
-        assert_eq!(g.group_of(0), Some(3));
+        // 12 ms + 0.5 ms guard: the 13 ms tick (position 13 of 80).
+        assert_eq!(g.group_of(0), Some(13));
     }
 
     #[test]
@@ -610,9 +673,9 @@ mod tests {
         feed(&mut g, 0, 5 * MS, 20);
         g.plan(&linear);
         assert_eq!(g.group_of(0), Some(4)); // the 20 ms tick (4 of 16)
-                                            // The phase drifts past 19 ms: the 40 ms tick is now the soonest.
+                                            // The phase drifts past 19.5 ms: the 40 ms tick is now the soonest.
         for k in 20..40 {
-            g.frame_completed(0, k * PERIOD_NS + 19_500_000);
+            g.frame_completed(0, k * PERIOD_NS + 19_800_000);
         }
         g.plan(&linear);
         assert_eq!((g.group_of(0), g.target_of(0)), (Some(4), Some(8)));
@@ -620,5 +683,55 @@ mod tests {
         assert_eq!(g.group_of(0), Some(4));
         assert_eq!(g.after_tick(4, &|_| 0, &[true]), 1);
         assert_eq!(g.group_of(0), Some(8));
+    }
+
+    #[test]
+    fn auto_uses_group_counts_that_keep_the_anchor_groups() {
+        let g = Grouping::new(4, MaxGroups::Auto, 10.0);
+        // 10 and 5 groups (8 and 16 positions apart) would move the anchors
+        // at 20 and 60 ms; every other divisor of 80 keeps or merges them.
+        assert_eq!(g.candidates, vec![80, 40, 20, 16, 8, 4, 2, 1]);
+        let fixed = Grouping::new(4, MaxGroups::Fixed(3), 10.0);
+        assert_eq!(fixed.candidates, vec![3, 2, 1]);
+    }
+
+    #[test]
+    fn unmeasured_streams_join_an_anchor_group_and_keep_it_as_load_grows() {
+        let mut g = Grouping::new(40, MaxGroups::Auto, 10.0);
+        // A WebSocket stream measured at 33 ms ticks at 34 ms (position 34).
+        g.open(0);
+        feed(&mut g, 0, 33 * MS, 8);
+        g.plan(&linear);
+        assert_eq!(g.group_of(0), Some(34));
+        // Telephony streams (no completion stamps) batch on an anchor.
+        for s in 1..4 {
+            g.open(s);
+            g.plan(&linear);
+        }
+        let anchor = g.group_of(1).expect("placed");
+        assert_eq!(anchor % (AUTO_POSITIONS / ANCHOR_GROUPS), 0);
+        assert!((1..4).all(|s| g.group_of(s) == Some(anchor)));
+        // Measured streams spread over the period until groups must merge.
+        for s in 4..28 {
+            g.open(s);
+            feed(&mut g, s, (s as u64 * 3_100_000) % PERIOD_NS, 8);
+        }
+        let p = g.plan(&linear);
+        assert!(
+            p.groups >= ANCHOR_GROUPS && p.groups < AUTO_POSITIONS,
+            "{p:?}"
+        );
+        assert!((1..4).all(|s| g.target_of(s) == Some(anchor)));
+    }
+
+    #[test]
+    fn the_gap_to_the_next_tick_counts_positions_past_64() {
+        let mut g = Grouping::new(2, MaxGroups::Auto, 10.0);
+        g.open(0);
+        feed(&mut g, 0, 69 * MS + 600_000, 8);
+        g.plan(&linear);
+        assert_eq!(g.group_of(0), Some(71));
+        assert!((g.gap_after_ms(10) - 61.0).abs() < 1e-9);
+        assert!((g.gap_after_ms(71) - 80.0).abs() < 1e-9);
     }
 }

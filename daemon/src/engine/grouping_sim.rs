@@ -7,15 +7,23 @@
 //! Checked at every frame and tick:
 //! * every frame is stepped exactly once, in order (per-stream sequence);
 //! * once a stream's phase is measured (from its third frame after that),
-//!   each frame waits at most 80/G + 40/G ms + GUARD + HYSTERESIS + jitter
+//!   each frame waits at most 80/G ms + L + GUARD + HYSTERESIS + jitter
 //!   \+ 0.5 ms, G being the fewest groups of the plans in effect since it
-//!   completed, and 40/G ms how late the steps before a tick may make it;
+//!   completed, and L how late the steps before a tick may make it:
+//!   [`lateness_allowed_ms`] (40/G, at least 1 ms) and half of it again for
+//!   the catch-up steps a tick may take on (1.5 × 40/G in all). For a lone
+//!   stream in `auto` (80 groups) that is at most 1 + 1.5 + 0.5 + 1 + 0.5 ms
+//!   past its jitter: under 5 ms, where the 5 ms grid had 10;
 //! * steps run one after another on the virtual clock, and no tick starts
-//!   later than [`lateness_allowed_ms`] after its deadline, except while a
-//!   stream waits for a frame boundary to move to an earlier group (at most
-//!   one tick in 10 000).
+//!   later than 1.5 × [`lateness_allowed_ms`] after its deadline, except
+//!   while a stream waits for a frame boundary to move to an earlier group
+//!   (at most one tick in 10 000);
+//! * frames that wait while a plan fits only once such moves are done are
+//!   not held to the bound above, and are at most 1 % of them.
 
-use super::grouping::{lateness_allowed_ms, Grouping, MaxGroups, GUARD_NS, HYSTERESIS_NS};
+use super::grouping::{
+    lateness_allowed_ms, Grouping, MaxGroups, AUTO_POSITIONS, GUARD_NS, HYSTERESIS_NS,
+};
 use super::phase::PERIOD_NS;
 use std::collections::VecDeque;
 
@@ -87,6 +95,9 @@ impl Stream {
 struct Outcome {
     frames: u64,
     measured_frames: u64,
+    /// Measured frames that waited while a plan ran over until moves were
+    /// done (not held to the bound; see [`check`]).
+    settling_frames: u64,
     max_excess_ns: i64,
     over_budget_ticks: u64,
     min_groups: usize,
@@ -109,8 +120,9 @@ fn run(max: MaxGroups, seconds: u64, max_streams: usize, seed: u64) -> Outcome {
         min_groups: usize::MAX,
         ..Outcome::default()
     };
-    // Groups in effect at recent ticks (for the frames' bound).
-    let mut history: VecDeque<(u64, usize)> = VecDeque::new();
+    // Groups in effect at recent ticks, and whether that plan fitted even
+    // with moves under way (for the frames' bound).
+    let mut history: VecDeque<(u64, usize, bool)> = VecDeque::new();
     let mut exec = vec![false; slots];
     let ticks = seconds * 1_000_000_000 / tick_ns;
     let mut next_join_ns = 0;
@@ -166,7 +178,7 @@ fn run(max: MaxGroups, seconds: u64, max_streams: usize, seed: u64) -> Outcome {
         let plan = g.plan(&step_ms);
         out.min_groups = out.min_groups.min(plan.groups);
         out.max_groups = out.max_groups.max(plan.groups);
-        history.push_back((now, plan.groups));
+        history.push_back((now, plan.groups, plan.while_moving));
         while history.len() > 2 * positions as usize + 2 {
             history.pop_front();
         }
@@ -183,8 +195,9 @@ fn run(max: MaxGroups, seconds: u64, max_streams: usize, seed: u64) -> Outcome {
             .count();
         busy_until_ns = now + (step_ms(stepped) * 1e6) as u64;
         // Steps before it may delay a tick by half the group spacing at most.
-        let fewest_now = history.iter().map(|(_, groups)| *groups).min().unwrap_or(1);
-        if own > 0 && late_ms > lateness_allowed_ms(fewest_now) + 1e-6 {
+        let fewest_now = history.iter().map(|h| h.1).min().unwrap_or(1);
+        // (and catch-up steps by half of it again: see `Grouping::select`).
+        if own > 0 && late_ms > 1.5 * lateness_allowed_ms(fewest_now) + 1e-6 {
             out.over_budget_ticks += 1;
             // Only while streams wait for a frame boundary to move earlier.
             assert!(
@@ -202,17 +215,17 @@ fn run(max: MaxGroups, seconds: u64, max_streams: usize, seed: u64) -> Outcome {
             out.frames += 1;
             let wait = now - at;
             out.waits_ms.push(wait as f64 / 1e6);
-            // Bound by the fewest groups in effect since the frame completed.
-            let fewest = history
-                .iter()
-                .filter(|(t, _)| *t + tick_ns > at)
-                .map(|(_, groups)| *groups)
-                .min()
-                .unwrap_or(plan.groups);
-            if bounded {
+            // Bound by the fewest groups in effect since the frame completed,
+            // unless a plan since then fitted only once moves were done.
+            let since = || history.iter().filter(|h| h.0 + tick_ns > at);
+            let fewest = since().map(|h| h.1).min().unwrap_or(plan.groups);
+            let settling = since().any(|h| !h.2);
+            if bounded && settling {
+                out.settling_frames += 1;
+            } else if bounded {
                 out.measured_frames += 1;
                 out.bounded_waits_ms.push(wait as f64 / 1e6);
-                let late_ns = (lateness_allowed_ms(fewest) * 1e6) as u64;
+                let late_ns = (1.5 * lateness_allowed_ms(fewest) * 1e6) as u64;
                 let bound = (PERIOD_NS / fewest as u64
                     + late_ns
                     + GUARD_NS
@@ -262,11 +275,18 @@ fn check(o: &mut Outcome, what: &str) -> (f64, f64) {
         o.over_budget_ticks,
         o.ticks
     );
+    // Frames that waited while the plan ran over during moves are rare.
+    assert!(
+        o.settling_frames * 100 <= o.measured_frames,
+        "{what}: {} of {} frames waited while groups ran over during moves",
+        o.settling_frames,
+        o.measured_frames
+    );
     let p50 = percentile(&mut o.bounded_waits_ms, 0.5);
     let p99 = percentile(&mut o.bounded_waits_ms, 0.99);
     eprintln!(
-        "{what}: {} frames, wait p50 {p50:.1} ms p99 {p99:.1} ms, groups {}..={}, {} moves, {} ticks over budget",
-        o.frames, o.min_groups, o.max_groups, o.moves, o.over_budget_ticks
+        "{what}: {} frames, wait p50 {p50:.1} ms p99 {p99:.1} ms, groups {}..={}, {} moves, {} ticks over budget, {} frames while settling",
+        o.frames, o.min_groups, o.max_groups, o.moves, o.over_budget_ticks, o.settling_frames
     );
     (p50, p99)
 }
@@ -284,7 +304,7 @@ fn auto_groups_bound_every_wait_by_their_period_and_keep_steps_within_budget() {
         check(&mut o, &what);
         assert!(o.moves > 0, "{what}: drift and load moved no stream");
         assert!(
-            o.max_groups == 16 && o.min_groups < 4,
+            o.max_groups == AUTO_POSITIONS && o.min_groups < 4,
             "{what}: groups {}..={}",
             o.min_groups,
             o.max_groups
@@ -293,13 +313,15 @@ fn auto_groups_bound_every_wait_by_their_period_and_keep_steps_within_budget() {
 }
 
 #[test]
-fn one_stream_in_auto_ticks_within_a_sixteenth_of_a_period() {
+fn one_stream_in_auto_ticks_within_a_millisecond_of_its_phase() {
     let mut o = run(MaxGroups::Auto, 60, 1, 3);
     let (p50, p99) = check(&mut o, "auto, one stream");
-    assert_eq!(o.min_groups, 16);
-    // Uniform over the 5 ms spacing, plus the 1 ms guard and up to 3 ms of
-    // send jitter.
-    assert!(p50 <= 6.5 && p99 <= 9.0, "p50 {p50} p99 {p99}");
+    // 80 groups, but for the ticks of a move between neighbouring positions
+    // (1 ms apart, the model's 3.2 ms step counted in both until the move).
+    assert_eq!(o.max_groups, AUTO_POSITIONS);
+    // The phase is the upper end of the 0..3 ms send jitter; then the 0.5 ms
+    // guard and up to 1 ms to the next position: 0.5..4.5 ms.
+    assert!(p50 <= 3.5 && p99 <= 5.0, "p50 {p50} p99 {p99}");
 }
 
 #[test]
