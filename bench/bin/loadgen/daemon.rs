@@ -180,6 +180,9 @@ pub struct EngineCounters {
     pub active_sessions: u64,
     pub admissible_sessions: u64,
     pub refused_total: u64,
+    /// Phase groups in the engine's plan, and how many of them step sessions.
+    pub groups_in_use: u64,
+    pub groups_occupied: u64,
 }
 
 impl EngineCounters {
@@ -200,8 +203,16 @@ impl EngineCounters {
                     .fold(0.0, f64::max)
             })
             .unwrap_or(0.0);
+        let groups_occupied = v["capacity"]["groups"].as_array().map_or(0, |groups| {
+            groups
+                .iter()
+                .filter(|g| g["sessions"].as_u64().unwrap_or(0) > 0)
+                .count() as u64
+        });
         EngineCounters {
             predicted_step_ms,
+            groups_in_use: u("capacity", "groups_in_use"),
+            groups_occupied,
             steps: u("engine", "steps"),
             frames_stepped: u("engine", "frames_stepped"),
             max_batch: u("engine", "max_batch"),

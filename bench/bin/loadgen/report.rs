@@ -13,6 +13,8 @@
 //! - `batch_over_time.svg`: mean engine batch (frames stepped per step
 //!   between two polls of `/capacity`), active sessions and the step's N
 //!   over the run.
+//! - `groups_over_time.svg`: the engine's phase groups over the run (groups
+//!   in its plan, those of them stepping sessions) with active sessions.
 //!
 //! SVG only: plotters' SVG backend writes text as `<text>` elements and needs
 //! no font files (its bitmap backend would need system fonts). Steps are
@@ -332,12 +334,12 @@ pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<St
 
     let csv = dir.join("timeline.csv");
     let mut text = String::from(
-        "t_s,streams,active_sessions,mean_batch,steps,frames_stepped,max_batch,late_ticks,dropped_frames,predicted_step_ms\n",
+        "t_s,streams,active_sessions,mean_batch,steps,frames_stepped,max_batch,late_ticks,dropped_frames,predicted_step_ms,groups_in_use,groups_occupied\n",
     );
     for p in polls {
         let c = &p.counters;
         text.push_str(&format!(
-            "{:.2},{},{},{:.2},{},{},{},{},{},{:.2}\n",
+            "{:.2},{},{},{:.2},{},{},{},{},{},{:.2},{},{}\n",
             p.t_s,
             p.streams,
             c.active_sessions,
@@ -347,7 +349,9 @@ pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<St
             c.max_batch,
             c.late_ticks,
             c.dropped_frames,
-            c.predicted_step_ms
+            c.predicted_step_ms,
+            c.groups_in_use,
+            c.groups_occupied
         ));
     }
     std::fs::write(&csv, text)?;
@@ -429,6 +433,31 @@ pub fn write(dir: &Path, report: &Report, polls: &[PollSample]) -> Result<Vec<St
                 over_time(|p| p.counters.active_sessions as f64),
             ),
             ("step N", over_time(|p| p.streams as f64)),
+        ],
+        &[],
+        false,
+    )?;
+    written.push(path.display().to_string());
+
+    let path = dir.join("groups_over_time.svg");
+    line_chart(
+        &path,
+        "Phase groups over the run (polled /capacity)",
+        "seconds",
+        "groups / sessions",
+        &[
+            (
+                "groups in the plan",
+                over_time(|p| p.counters.groups_in_use as f64),
+            ),
+            (
+                "groups stepping sessions",
+                over_time(|p| p.counters.groups_occupied as f64),
+            ),
+            (
+                "active sessions",
+                over_time(|p| p.counters.active_sessions as f64),
+            ),
         ],
         &[],
         false,

@@ -191,6 +191,12 @@ pub struct Grouping {
     assign_groups: usize,
     counts: Vec<usize>,
     union: Vec<usize>,
+    /// Whether the next plan must be made afresh.
+    dirty: bool,
+    /// Plans made (so the engine publishes a plan once).
+    plans: u64,
+    /// The plan in effect.
+    summary: PlanSummary,
 }
 
 /// How a plan was found to fit.
@@ -239,7 +245,19 @@ impl Grouping {
             assign_groups: 0,
             counts: vec![0; positions],
             union: vec![0; positions],
+            dirty: true,
+            plans: 0,
+            summary: PlanSummary {
+                groups: max.max(),
+                within_budget: true,
+                while_moving: true,
+            },
         }
+    }
+
+    /// How many plans were made afresh (see [`Grouping::plan`]).
+    pub fn plans(&self) -> u64 {
+        self.plans
     }
 
     /// Tick positions per period.
@@ -271,6 +289,7 @@ impl Grouping {
                 target: NONE,
                 ..SlotGroup::default()
             };
+            self.dirty = true;
         }
     }
 
@@ -278,14 +297,45 @@ impl Grouping {
     pub fn close(&mut self, slot: usize) {
         if let Some(s) = self.slots.get_mut(slot) {
             s.open = false;
+            self.dirty = true;
         }
     }
 
     /// A frame of `slot` became complete at `at_ns` on the engine's clock.
+    /// The next [`Grouping::plan`] is made afresh only if the slot's phase
+    /// no longer keeps it in its target group.
     pub fn frame_completed(&mut self, slot: usize, at_ns: u64) {
-        if let Some(s) = self.slots.get_mut(slot) {
-            s.estimator.observe(at_ns);
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
+        s.estimator.observe(at_ns);
+        let s = *s;
+        if !self.keeps_target(&s) {
+            self.dirty = true;
         }
+    }
+
+    /// The step-time model changed (or may have): the next
+    /// [`Grouping::plan`] is made afresh.
+    pub fn invalidate(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Whether the plan in effect would keep `slot` in its target group,
+    /// as [`Grouping::assign_for`] decides for a slot with a phase.
+    fn keeps_target(&self, slot: &SlotGroup) -> bool {
+        let Some(phase) = slot.estimator.provisional_ns() else {
+            return slot.target != NONE;
+        };
+        if slot.target == NONE {
+            return false;
+        }
+        let g = self.groups.max(1);
+        let in_plan = (slot.target as usize).is_multiple_of(self.positions / g);
+        let spacing_ns = PERIOD_NS / g as u64;
+        in_plan
+            && ahead_ns(phase + GUARD_NS, self.position_ns(slot.target as usize))
+                <= spacing_ns + HYSTERESIS_NS
     }
 
     /// The position whose tick steps `slot` now (`None` before its first plan).
@@ -346,6 +396,8 @@ impl Grouping {
                 slot.behind = true;
             }
         }
+        // The moves done change what fits while moving: plan again.
+        self.dirty |= moved > 0;
         moved
     }
 
@@ -371,17 +423,19 @@ impl Grouping {
             exec[s] = run;
             count += run as usize;
         }
-        // A catch-up may spend half of the next tick's allowed lateness.
-        let room_ms = self.gap_after_ms(position) * self.budget_share
-            + lateness_allowed_ms(self.groups) / 2.0
-            - late_ms;
+        // A catch-up may spend half of the next tick's allowed lateness
+        // (worked out only when a slot is behind: most ticks have none).
+        let mut room_ms = None;
         for (s, slot) in self.slots.iter().enumerate() {
-            if !exec[s]
-                && slot.open
-                && slot.behind
-                && queued(s) > 0
-                && step_ms(count + 1) <= room_ms
-            {
+            if exec[s] || !slot.open || !slot.behind || queued(s) == 0 {
+                continue;
+            }
+            let room_ms = *room_ms.get_or_insert_with(|| {
+                self.gap_after_ms(position) * self.budget_share
+                    + lateness_allowed_ms(self.groups) / 2.0
+                    - late_ms
+            });
+            if step_ms(count + 1) <= room_ms {
                 exec[s] = true;
                 count += 1;
             }
@@ -425,7 +479,17 @@ impl Grouping {
     /// Chooses the groups and every open slot's target, given the predicted
     /// step time of a batch of `n` (`step_ms(n)`). Slots placed for the first
     /// time take their target at once (they have nothing queued).
+    ///
+    /// Unless something changed since the last plan (a session opened or
+    /// closed, a phase left its group's window, a move completed,
+    /// [`Grouping::invalidate`]), it returns the plan in effect without
+    /// redoing it: with a tick every millisecond, most ticks change nothing.
     pub fn plan(&mut self, step_ms: &dyn Fn(usize) -> f64) -> PlanSummary {
+        if !self.dirty {
+            return self.summary;
+        }
+        self.dirty = false;
+        self.plans += 1;
         // The most groups whose plan fits while the moves that wait for a
         // frame boundary are under way (those streams still tick with their
         // current groups); else the most whose plan fits once they are done;
@@ -462,11 +526,12 @@ impl Grouping {
         }
         self.groups = g;
         self.within_budget = fit != Fit::Over;
-        PlanSummary {
+        self.summary = PlanSummary {
             groups: g,
             within_budget: self.within_budget,
             while_moving: fit == Fit::WhileMoving,
-        }
+        };
+        self.summary
     }
 
     /// Fills `assign` and `counts` for `g` groups.
@@ -733,5 +798,35 @@ mod tests {
         assert_eq!(g.group_of(0), Some(71));
         assert!((g.gap_after_ms(10) - 61.0).abs() < 1e-9);
         assert!((g.gap_after_ms(71) - 80.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_plan_is_made_again_only_when_something_changed() {
+        let mut g = Grouping::new(2, MaxGroups::Auto, 10.0);
+        g.open(0);
+        feed(&mut g, 0, 20 * MS, 8);
+        g.plan(&linear);
+        let made = g.plans();
+        // Frames at the same phase, ticks without moves: nothing to redo.
+        for k in 8..20 {
+            g.frame_completed(0, k * PERIOD_NS + 20 * MS + 100_000);
+            g.plan(&linear);
+            g.after_tick(21, &|_| 0, &[true, false]);
+        }
+        assert_eq!(g.plans(), made);
+        assert_eq!(g.group_of(0), Some(21));
+        // The phase leaves its group's window: planned again, and moved.
+        for k in 20..40 {
+            g.frame_completed(0, k * PERIOD_NS + 30 * MS);
+        }
+        g.plan(&linear);
+        assert_eq!(g.plans(), made + 1);
+        assert_eq!(g.target_of(0), Some(31));
+        // A session opening, and a new step-time model, plan again too.
+        g.open(1);
+        g.plan(&linear);
+        g.invalidate();
+        g.plan(&linear);
+        assert_eq!(g.plans(), made + 3);
     }
 }

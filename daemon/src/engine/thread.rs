@@ -12,8 +12,9 @@
 //!   frame behind skips ahead by whole frames rather than burst to catch up.
 //! * Which tick steps a slot is [`Grouping`]'s: a WebSocket frame's
 //!   completion stamp (set by its core as its last sample arrived) feeds the
-//!   slot's phase; the plan is made at every tick, before the step; moves
-//!   happen at frame boundaries. A slot steps at most once per tick, only
+//!   slot's phase; the plan is checked at every tick, before the step, and
+//!   made afresh when something changed (and once per period, with the
+//!   step-time table); moves happen at frame boundaries. A slot steps at most once per tick, only
 //!   with a frame queued, oldest first; a slot without one is masked out and
 //!   does not advance.
 //! * Each frame taken from a session produces exactly one record back
@@ -92,6 +93,8 @@ pub struct Engine {
     touched: Vec<bool>,
     warmup_steps: usize,
     on_tick: Option<TickHook>,
+    /// The plan last published on the group board ([`Grouping::plans`]).
+    published_plans: u64,
 }
 
 impl Engine {
@@ -129,6 +132,7 @@ impl Engine {
             touched: vec![false; cores],
             warmup_steps,
             on_tick: None,
+            published_plans: 0,
         }
     }
 
@@ -356,6 +360,7 @@ impl Engine {
             for (n, t) in self.step_table_ms.iter_mut().enumerate() {
                 *t = self.shared.step_times.predict_ms(n);
             }
+            self.grouping.invalidate();
         }
         let table = &self.step_table_ms;
         let step_ms = |n: usize| table[n.min(table.len() - 1)];
@@ -460,6 +465,11 @@ impl Engine {
         if moved > 0 {
             board.moves.fetch_add(moved as u64, Ordering::Relaxed);
         }
+        // Published when it changed: most ticks on the 1 ms grid change nothing.
+        if moved == 0 && self.grouping.plans() == self.published_plans {
+            return;
+        }
+        self.published_plans = self.grouping.plans();
         board
             .in_use
             .store(self.grouping.groups() as u64, Ordering::Relaxed);
