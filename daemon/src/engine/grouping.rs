@@ -443,6 +443,27 @@ impl Grouping {
         count
     }
 
+    /// How many ticks after `position` the next one with possible work comes,
+    /// at most `max_ticks`: the next tick of any open slot's current or
+    /// target group; the very next tick while a slot is behind (its frame
+    /// may be caught up by any tick) or not yet placed. The engine sleeps
+    /// through the ticks in between (on the 1 ms grid, waking a thread a
+    /// thousand times a second costs a few percent of a core for nothing).
+    pub fn ticks_to_next_work(&self, position: usize, max_ticks: usize) -> usize {
+        let max_ticks = max_ticks.clamp(1, self.positions);
+        let mut mask = 0u128;
+        for s in self.slots.iter().filter(|s| s.open) {
+            if s.behind || s.current == NONE || s.target == NONE {
+                return 1;
+            }
+            mask |= 1 << s.current;
+            mask |= 1 << s.target;
+        }
+        (1..=max_ticks)
+            .find(|d| mask & (1 << ((position + d) % self.positions)) != 0)
+            .unwrap_or(max_ticks)
+    }
+
     /// Time from `position`'s tick to the next tick that could step a slot
     /// (any open slot's current or target group), in milliseconds.
     pub fn gap_after_ms(&self, position: usize) -> f64 {
@@ -597,37 +618,78 @@ impl Grouping {
     }
 
     /// Whether the assignment keeps every occupied group's step within its
-    /// share of the gap to the next occupied group: counting the groups
-    /// streams will move to only (`Settled`), or those and the groups they
-    /// still tick with (`WhileMoving`).
+    /// share of the gap to the next occupied group: once the streams are in
+    /// the groups they move to (`Settled`), and also while the moves that
+    /// wait for a frame boundary are under way (`WhileMoving`).
+    ///
+    /// While moving, each moving stream may be in either of its two groups,
+    /// each independently of the others, so each is counted in both (an
+    /// upper bound on every mix). With a single moving stream the only
+    /// states are before and after its move, checked exactly: counted in
+    /// both, a lone stream moving between neighbouring ticks would look like
+    /// two steps 1 ms apart, though it is stepped once per period.
     fn fits(&mut self, fit: Fit, step_ms: &dyn Fn(usize) -> f64) -> bool {
+        let settled = Self::fits_counts(
+            &self.counts,
+            self.positions,
+            self.budget_share,
+            self.assign_groups,
+            step_ms,
+        );
+        if fit == Fit::Settled || !settled {
+            return settled;
+        }
         self.union.copy_from_slice(&self.counts);
-        if fit == Fit::WhileMoving {
-            for (slot, &a) in self.slots.iter().zip(&self.assign) {
-                if slot.open && slot.current != a && !self.moves_at_once_for(slot, a) {
-                    self.union[slot.current as usize] += 1;
-                }
+        let mut movers = 0;
+        let mut last_move = (0, 0);
+        for (slot, &a) in self.slots.iter().zip(&self.assign) {
+            if slot.open && slot.current != a && !self.moves_at_once_for(slot, a) {
+                self.union[slot.current as usize] += 1;
+                movers += 1;
+                last_move = (a as usize, slot.current as usize);
             }
         }
-        let counts = &self.union;
+        if movers == 1 {
+            // Before the move: in its current group only.
+            self.union[last_move.0] -= 1;
+        }
+        Self::fits_counts(
+            &self.union,
+            self.positions,
+            self.budget_share,
+            self.assign_groups,
+            step_ms,
+        )
+    }
+
+    /// Whether groups of `counts` sessions per position (`groups` groups in
+    /// the plan) fit: the steps' sum within the period's share, and no tick
+    /// pushed later than allowed by the steps before it.
+    fn fits_counts(
+        counts: &[usize],
+        positions: usize,
+        budget_share: f64,
+        groups: usize,
+        step_ms: &dyn Fn(usize) -> f64,
+    ) -> bool {
         let occupied = |p: usize| counts[p] > 0;
         let period_ms = PERIOD_NS as f64 / 1e6;
-        let tick_ms = period_ms / self.positions as f64;
-        let total_ms: f64 = (0..self.positions)
+        let tick_ms = period_ms / positions as f64;
+        let total_ms: f64 = (0..positions)
             .filter(|&p| occupied(p))
             .map(|p| step_ms(counts[p]))
             .sum();
-        if total_ms > period_ms * self.budget_share {
+        if total_ms > period_ms * budget_share {
             return false;
         }
         // Steps run one after another: a group's tick starts when both its
         // time has come and the step before it is done. Two rounds reach the
         // steady state (the steps fit a period, so each round has idle time).
-        let allowed_ms = lateness_allowed_ms(self.assign_groups);
+        let allowed_ms = lateness_allowed_ms(groups);
         let mut end_ms = f64::NEG_INFINITY;
         for round in 0..2 {
-            for p in (0..self.positions).filter(|&p| occupied(p)) {
-                let tick = (round * self.positions + p) as f64 * tick_ms;
+            for p in (0..positions).filter(|&p| occupied(p)) {
+                let tick = (round * positions + p) as f64 * tick_ms;
                 let start = end_ms.max(tick);
                 if round == 1 && start - tick > allowed_ms {
                     return false;
@@ -828,5 +890,23 @@ mod tests {
         g.invalidate();
         g.plan(&linear);
         assert_eq!(g.plans(), made + 3);
+    }
+
+    #[test]
+    fn the_engine_sleeps_to_the_next_tick_with_work() {
+        let mut g = Grouping::new(2, MaxGroups::Auto, 10.0);
+        // Nothing open: wake every `max_ticks` to drain the lanes.
+        assert_eq!(g.ticks_to_next_work(0, 5), 5);
+        g.open(0);
+        // Opened, not placed yet: the next tick places it.
+        assert_eq!(g.ticks_to_next_work(0, 5), 1);
+        feed(&mut g, 0, 20 * MS, 8);
+        g.plan(&linear);
+        assert_eq!(g.group_of(0), Some(21));
+        assert_eq!(g.ticks_to_next_work(18, 5), 3);
+        assert_eq!(g.ticks_to_next_work(21, 5), 5);
+        // Its frame missed the tick: every tick may catch it up.
+        g.after_tick(21, &|_| 0, &[false, false]);
+        assert_eq!(g.ticks_to_next_work(21, 5), 1);
     }
 }

@@ -5,7 +5,9 @@
 //! Invariants:
 //! * Ticks come from absolute deadlines (`start + n · period`, `positions`
 //!   ticks per 80 ms frame, see [`super::grouping`]), never from the end of
-//!   the previous step, so they do not drift. A tick that steps its group
+//!   the previous step, so they do not drift. Ticks without possible work
+//!   are slept through ([`Grouping::ticks_to_next_work`]), but never more
+//!   than [`MAX_SLEEP_NS`] of them in a row. A tick that steps its group
 //!   later than the plan allows (half the group spacing, plus a quarter of
 //!   the tick period) is counted as late and flagged on the outputs it
 //!   produces (each session counts its late frames); a schedule over a whole
@@ -55,6 +57,10 @@ struct EngineSlot {
 /// its own late frames.
 const LATE_TICK_FRACTION: f64 = 4.0;
 
+/// The engine drains its lanes (opens, closes, frames) at least this often,
+/// even when no tick in between has work ([`Grouping::ticks_to_next_work`]).
+pub const MAX_SLEEP_NS: u64 = 5_000_000;
+
 /// Called once per tick with the tick's start (the systemd watchdog hangs here).
 pub type TickHook = Box<dyn FnMut(Instant) + Send>;
 
@@ -95,6 +101,8 @@ pub struct Engine {
     on_tick: Option<TickHook>,
     /// The plan last published on the group board ([`Grouping::plans`]).
     published_plans: u64,
+    /// A new frame period began: refresh the step-time table.
+    refresh_due: bool,
 }
 
 impl Engine {
@@ -133,6 +141,7 @@ impl Engine {
             warmup_steps,
             on_tick: None,
             published_plans: 0,
+            refresh_due: true,
         }
     }
 
@@ -174,6 +183,10 @@ impl Engine {
         let positions = self.grouping.positions() as u64;
         let period = Duration::from_secs_f64(crate::FRAME_MS / 1000.0 / positions as f64);
         let frame = period * positions as u32;
+        let max_skip = (MAX_SLEEP_NS as f64 / period.as_nanos() as f64)
+            .ceil()
+            .max(1.0) as usize;
+        let mut refreshed_frame = u64::MAX;
         let start = Instant::now();
         self.epoch = start;
         let mut tick: u64 = 0;
@@ -199,8 +212,15 @@ impl Engine {
                 .saturating_duration_since(deadline)
                 .as_secs_f64()
                 * 1e3;
-            self.tick_with((tick % positions) as usize, late_ms, metrics_on);
-            tick += 1;
+            // The step-time table is refreshed once per frame period, at its
+            // first tick (position 0 may be slept through).
+            if tick / positions != refreshed_frame {
+                refreshed_frame = tick / positions;
+                self.refresh_due = true;
+            }
+            let position = (tick % positions) as usize;
+            self.tick_with(position, late_ms, metrics_on);
+            tick += self.grouping.ticks_to_next_work(position, max_skip) as u64;
         }
         self.drain_lanes(false);
         for link in &self.links {
@@ -356,7 +376,8 @@ impl Engine {
     /// Plans the groups, then steps the slots the plan gives the tick at
     /// `position` (each with its oldest queued frame).
     fn step_group(&mut self, position: usize, late_ms: f64, metrics_on: bool) {
-        if position == 0 || self.step_table_ms[1] == 0.0 {
+        if self.refresh_due || position == 0 || self.step_table_ms[1] == 0.0 {
+            self.refresh_due = false;
             for (n, t) in self.step_table_ms.iter_mut().enumerate() {
                 *t = self.shared.step_times.predict_ms(n);
             }
