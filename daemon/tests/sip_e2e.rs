@@ -8,11 +8,15 @@
 //! a retransmitted INVITE answered once; a call over capacity (503 with
 //! Retry-After) and over `sip.max_dialogs` (486); no common codec (488);
 //! BYE from moshid at `session.max_session_seconds`; hold and resume by
-//! re-INVITE; 30 calls at once. baresip dials moshid over PCMU, plays a
-//! WAV file and records what it hears. A raw UDP peer checks what sipp cannot
+//! re-INVITE; 30 calls at once; digest authentication (a call that
+//! answers the challenge, wrong credentials, the challenge itself, listed
+//! sources beside unlisted ones). baresip dials moshid over PCMU, plays a
+//! WAV file and records what it hears; linphone answers a SHA-256
+//! challenge. A raw UDP peer checks what sipp cannot
 //! easily: the 200 retransmitted until the ACK (timer G for 2xx, T1
-//! doubling), and malformed requests next to a live call (each gets its
-//! 4xx; the call does not notice).
+//! doubling), malformed requests next to a live call (each gets its
+//! 4xx; the call does not notice), and SHA-256 answers, replays, expired
+//! nonces and malformed `Authorization` headers.
 //!
 //! Nothing asserts timing: gaps and durations are printed. moshid's side
 //! of each call is read from its log (`sip call start/end`, `rtp session
@@ -1005,4 +1009,88 @@ fn auth_and_allowed_sources_combine() {
     assert_eq!(p.final_for("3 BYE").0, 200);
     let starts = wait_lines(&d, &["sip call start", "caller=alice"], 1);
     assert!(starts[0].contains("from=127.0.0.2:"), "{}", starts[0]);
+}
+
+/// linphone (Debian linphone-cli, belle-sip 5) dials moshid, which offers
+/// SHA-256 and MD5 (the defaults): linphone answers the SHA-256 challenge
+/// with its account's password, and the call is set up and hung up.
+#[test]
+fn linphone_authenticates_with_sha256() {
+    if !need("linphonec") || !inside_netns("linphone_authenticates_with_sha256") {
+        return;
+    }
+    use std::io::Write;
+    let sip_cfg = format!(r#""codecs": ["PCMU"], {}"#, auth_config(""));
+    let (d, sip) = start(&sip_cfg, "", &[]);
+    let home = d.temp_dir().join("linphone");
+    std::fs::create_dir_all(home.join(".local/share/linphone")).unwrap();
+    let rc = home.join("rc");
+    std::fs::write(
+        &rc,
+        "[sip]\ncontact=\"Alice\" <sip:alice@127.0.0.1>\ndefault_proxy=-1\nipv6_enabled=0\n\n\
+         [auth_info_0]\nusername=alice\npasswd=s3cret\nrealm=moshid\ndomain=127.0.0.1\n",
+    )
+    .unwrap();
+    let log = home.join("log");
+    let mut child = std::process::Command::new("timeout")
+        .args(["60", "linphonec", "-d", "4", "-c"])
+        .arg(&rc)
+        .arg("-l")
+        .arg(&log)
+        .env("HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running linphonec");
+    let mut stdin = child.stdin.take().unwrap();
+    // No sound card in the namespace: WAV files stand in for one.
+    writeln!(stdin, "soundcard use files").unwrap();
+    writeln!(stdin, "call sip:moshi@{sip}").unwrap();
+    let start = wait_lines(&d, &["sip call start"], 1);
+    println!("{}", start[0]);
+    std::thread::sleep(Duration::from_secs(2));
+    writeln!(stdin, "terminate").unwrap();
+    let end = wait_lines(&d, &["sip call end"], 1);
+    println!("{}", end[0]);
+    writeln!(stdin, "quit").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    println!(
+        "linphonec (tail):\n{}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let rtp = wait_lines(&d, &["rtp session end"], 1);
+    println!("{}", rtp[0]);
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let answers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("Authorization:"))
+        .collect();
+    println!(
+        "{}",
+        answers
+            .first()
+            .unwrap_or(&"(no Authorization in linphone's log)")
+    );
+    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
+    assert!(start[0].contains("codec=PCMU"), "{}", start[0]);
+    assert!(end[0].contains("reason=bye_from_peer"), "{}", end[0]);
+    // moshid's media reached linphone's address (linphone itself sends
+    // nothing: no file is given to stand in for its microphone).
+    assert!(field(&rtp[0], "packets_sent") > 0, "{}", rtp[0]);
+    assert!(
+        answers
+            .first()
+            .is_some_and(|a| a.contains("algorithm=SHA-256")),
+        "linphone answered with SHA-256: {answers:?}"
+    );
 }

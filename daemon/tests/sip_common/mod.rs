@@ -43,7 +43,7 @@ pub fn need(bin: &str) -> bool {
     }
     println!(
         "SKIPPED: `{bin}` is not installed and `scripts/setup --tests` could not install it ({status:?}); \
-         install Debian's sip-tester / baresip-core to run this test"
+         install Debian's sip-tester / baresip-core / linphone-cli to run this test"
     );
     false
 }

@@ -156,8 +156,8 @@ impl Endpoint {
     fn log_refusal(&self, src: SocketAddr, why: &str) {
         if self.log_gate.due(Instant::now()) {
             eprintln!(
-                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {})",
-                self.counters.malformed, self.counters.not_sip
+                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {}, challenged: {})",
+                self.counters.malformed, self.counters.not_sip, self.counters.challenged
             );
         }
     }
