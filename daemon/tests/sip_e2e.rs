@@ -814,7 +814,8 @@ impl RawPeer {
         RawPeer { socket, to }
     }
 
-    /// A request of this peer (From tag `raw1`), with `extra` header lines.
+    /// A request of this peer (From tag `raw1`), with `extra` header lines;
+    /// an INVITE carries [`RAW_SDP`].
     fn request(
         &self,
         method: &str,
@@ -823,15 +824,20 @@ impl RawPeer {
         cseq: u32,
         to: &str,
         extra: &str,
-        body: &str,
     ) -> String {
         let port = self.port();
         let local = self.socket.local_addr().unwrap().ip();
+        let body = if method == "INVITE" { RAW_SDP } else { "" };
+        let content_type = if body.is_empty() {
+            ""
+        } else {
+            "Content-Type: application/sdp\r\n"
+        };
         format!(
             "{method} sip:moshi@{sip} SIP/2.0\r\nVia: SIP/2.0/UDP {local}:{port};branch={branch}\r\n\
              From: <sip:raw@{local}:{port}>;tag=raw1\r\nTo: {to}\r\nCall-ID: {call}\r\n\
              CSeq: {cseq} {method}\r\nContact: <sip:raw@{local}:{port}>\r\nMax-Forwards: 70\r\n{extra}\
-             Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{body}",
+             {content_type}Content-Length: {}\r\n\r\n{body}",
             body.len(),
             sip = self.to
         )
@@ -851,11 +857,11 @@ impl RawPeer {
     /// ACKed when it is not a 2xx.
     fn invite_final(&self, call: &str, branch: &str, cseq: u32, extra: &str) -> (u16, String) {
         let to = format!("<sip:moshi@{}>", self.to);
-        self.send(&self.request("INVITE", call, branch, cseq, &to, extra, RAW_SDP));
+        self.send(&self.request("INVITE", call, branch, cseq, &to, extra));
         let (code, m) = self.final_for(&format!("{cseq} INVITE"));
         if code >= 300 {
             let to = header(&m, "To").unwrap().to_string();
-            self.send(&self.request("ACK", call, branch, cseq, &to, "", ""));
+            self.send(&self.request("ACK", call, branch, cseq, &to, ""));
         }
         (code, m)
     }
@@ -926,8 +932,8 @@ fn auth_sha256_raw_peer_stale_replay_and_malformed() {
     let start = wait_lines(&d, &["sip call start"], 1);
     assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
     let to = header(&ok, "To").unwrap().to_string();
-    p.send(&p.request("ACK", "sha-1", "z9hG4bK-sha-ack", 3, &to, "", ""));
-    p.send(&p.request("BYE", "sha-1", "z9hG4bK-sha-bye", 4, &to, "", ""));
+    p.send(&p.request("ACK", "sha-1", "z9hG4bK-sha-ack", 3, &to, ""));
+    p.send(&p.request("BYE", "sha-1", "z9hG4bK-sha-bye", 4, &to, ""));
     assert_eq!(p.final_for("4 BYE").0, 200);
     wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
     // The same answer again (a replay, as from someone who overheard it):
@@ -992,7 +998,7 @@ fn auth_and_allowed_sources_combine() {
     let (code, m) = p.invite_final("other-1", "z9hG4bK-other-1", 1, "");
     assert_eq!(code, 401, "{m}");
     let to = format!("<sip:moshi@{sip}>");
-    p.send(&p.request("OPTIONS", "other-2", "z9hG4bK-other-2", 1, &to, "", ""));
+    p.send(&p.request("OPTIONS", "other-2", "z9hG4bK-other-2", 1, &to, ""));
     assert_eq!(p.final_for("1 OPTIONS").0, 200);
     let uri = format!("sip:moshi@{sip}");
     let good = sha256_authorization(&challenges(&m)[0], "s3cret", &uri, 1);
@@ -1004,8 +1010,8 @@ fn auth_and_allowed_sources_combine() {
     );
     assert_eq!(code, 200, "{ok}");
     let to = header(&ok, "To").unwrap().to_string();
-    p.send(&p.request("ACK", "other-1", "z9hG4bK-other-ack", 2, &to, "", ""));
-    p.send(&p.request("BYE", "other-1", "z9hG4bK-other-bye", 3, &to, "", ""));
+    p.send(&p.request("ACK", "other-1", "z9hG4bK-other-ack", 2, &to, ""));
+    p.send(&p.request("BYE", "other-1", "z9hG4bK-other-bye", 3, &to, ""));
     assert_eq!(p.final_for("3 BYE").0, 200);
     let starts = wait_lines(&d, &["sip call start", "caller=alice"], 1);
     assert!(starts[0].contains("from=127.0.0.2:"), "{}", starts[0]);

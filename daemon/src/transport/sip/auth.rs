@@ -192,7 +192,7 @@ mod tests {
         Authenticator::new(&c, Instant::now()).unwrap()
     }
 
-    fn invite(auth: &[String]) -> Request {
+    fn invite(auth: &[&str]) -> Request {
         let mut text = String::from(
             "INVITE sip:moshi@127.0.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK1\r\n\
              From: <sip:alice@127.0.0.1>;tag=1\r\nTo: <sip:moshi@127.0.0.1>\r\nCall-ID: c1\r\nCSeq: 1 INVITE\r\n",
@@ -281,18 +281,18 @@ mod tests {
             let ch = a.challenge(false, now)[i].clone();
             let good = answer(&ch, alg, "alice", "s3cret", URI, 1, "c0ffee");
             assert_eq!(
-                a.verify(&invite(&[good.clone()]), now),
+                a.verify(&invite(&[&good]), now),
                 Verdict::Caller("alice".into()),
                 "{alg}"
             );
             // The same answer again: a replay (right digest, used nc).
             assert!(matches!(
-                a.verify(&invite(&[good]), now),
+                a.verify(&invite(&[&good]), now),
                 Verdict::Challenge { stale: true, .. }
             ));
             let next = answer(&ch, alg, "alice", "s3cret", URI, 2, "c0ffee");
             assert_eq!(
-                a.verify(&invite(&[next]), now),
+                a.verify(&invite(&[&next]), now),
                 Verdict::Caller("alice".into())
             );
         }
@@ -300,7 +300,7 @@ mod tests {
         for (user, password) in [("alice", "wrong"), ("bob", "s3cret"), ("Alice", "s3cret")] {
             let bad = answer(&ch, "SHA-256", user, password, URI, 1, "c");
             assert_eq!(
-                a.verify(&invite(&[bad]), now),
+                a.verify(&invite(&[&bad]), now),
                 Verdict::Challenge {
                     stale: false,
                     why: "wrong credentials".into()
@@ -313,7 +313,7 @@ mod tests {
         let ch = only.challenge(false, now)[0].clone();
         let md5 = answer(&ch, "MD5", "alice", "s3cret", URI, 1, "c");
         assert!(matches!(
-            only.verify(&invite(&[md5]), now),
+            only.verify(&invite(&[&md5]), now),
             Verdict::Challenge { stale: false, .. }
         ));
     }
@@ -325,7 +325,7 @@ mod tests {
         let ch = a.challenge(false, t0)[0].clone();
         let good = answer(&ch, "SHA-256", "alice", "s3cret", URI, 1, "c");
         assert_eq!(
-            a.verify(&invite(&[good.clone()]), t0 + Duration::from_secs(11)),
+            a.verify(&invite(&[&good]), t0 + Duration::from_secs(11)),
             Verdict::Challenge {
                 stale: true,
                 why: "nonce expired".into()
@@ -334,12 +334,12 @@ mod tests {
         // Another core's nonce and opaque (its own key).
         let mut other = authenticator(&["SHA-256"]);
         assert!(matches!(
-            other.verify(&invite(&[good.clone()]), t0),
+            other.verify(&invite(&[&good]), t0),
             Verdict::Challenge { stale: true, .. }
         ));
         let swapped = good.replace(&param(&ch, "opaque"), "0000");
         assert!(matches!(
-            a.verify(&invite(&[swapped]), t0),
+            a.verify(&invite(&[&swapped]), t0),
             Verdict::Challenge { stale: true, .. }
         ));
     }
@@ -359,26 +359,23 @@ mod tests {
         ];
         for c in &cases {
             assert!(
-                matches!(
-                    a.verify(&invite(std::slice::from_ref(c)), now),
-                    Verdict::Malformed(_)
-                ),
+                matches!(a.verify(&invite(&[c.as_str()]), now), Verdict::Malformed(_)),
                 "{c}"
             );
         }
         // Another realm's credentials (for a proxy, say) are passed over.
         let theirs = good.replace("realm=\"moshid\"", "realm=\"pbx\"");
         assert!(matches!(
-            a.verify(&invite(&[theirs.clone()]), now),
+            a.verify(&invite(&[&theirs]), now),
             Verdict::Challenge { stale: false, .. }
         ));
         assert_eq!(
-            a.verify(&invite(&[theirs, good.clone()]), now),
+            a.verify(&invite(&[&theirs, &good]), now),
             Verdict::Caller("alice".into())
         );
         // Two answers for our realm: which would count? Neither.
         assert!(matches!(
-            a.verify(&invite(&[good.clone(), good]), now),
+            a.verify(&invite(&[&good, &good]), now),
             Verdict::Malformed(_)
         ));
     }
