@@ -17,7 +17,8 @@
 //! common codec), 486 (`sip.max_dialogs` calls on this core), 503 with
 //! `Retry-After` (no slot, or no room for a transaction), else an RTP
 //! session through the RTP machinery, 180, and 200 with the SDP answer
-//! (after `sip.ring_ms`). ACK, BYE, CANCEL (487 to the INVITE), OPTIONS
+//! (after `sip.ring_ms`). ACK, BYE, CANCEL (from the INVITE's peer: 487
+//! to the INVITE), OPTIONS
 //! (200 with Allow/Accept) and re-INVITE (hold and resume; the codec is
 //! kept) within the dialogs; other methods get 405 (out of a dialog) or
 //! 501.
@@ -614,9 +615,13 @@ impl Endpoint {
         let mut invite_req = req.clone();
         invite_req.method = "INVITE".into();
         let invite_key = transaction::key(&invite_req);
+        // Only the INVITE's own peer may cancel it: the branch is no
+        // secret, and a call may have been admitted by its source or its
+        // credentials, which a CANCEL (never challenged) does not bring.
         let target = self
             .txs
             .get_mut(&invite_key)
+            .filter(|tx| tx.peer == src)
             .map(|tx| (tx.final_code, tx.call.clone()));
         match target {
             None => {
