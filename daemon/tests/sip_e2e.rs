@@ -1100,3 +1100,42 @@ fn linphone_authenticates_with_sha256() {
         "linphone answered with SHA-256: {answers:?}"
     );
 }
+
+/// A CANCEL is not challenged (RFC 3261 §22.1), so it must come from the
+/// INVITE's own source: another one that copies the INVITE's Via (branch
+/// and sent-by) gets 481, the call rings on, and its caller's own CANCEL
+/// (the same Via) is not taken for a retransmission of the other's.
+#[test]
+fn cancel_from_another_source_gets_481() {
+    if !inside_netns("cancel_from_another_source_gets_481") {
+        return;
+    }
+    let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
+    let a = RawPeer::new(sip);
+    a.send(&a.invite("cancel-2", "z9hG4bK-cancel-2", RAW_SDP));
+    loop {
+        if a.recv_status().0 == 180 {
+            break;
+        }
+    }
+    let cancel = || {
+        let port = a.port();
+        format!(
+            "CANCEL sip:moshi@{sip} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-cancel-2\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: <sip:moshi@{sip}>\r\nCall-ID: cancel-2\r\n\
+             CSeq: 1 CANCEL\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    let b = RawPeer::bound("127.0.0.2:0", sip);
+    b.send(&cancel());
+    assert_eq!(b.final_for("1 CANCEL").0, 481);
+    assert!(
+        lines(&d, &["sip call end"]).is_empty(),
+        "{}",
+        d.stderr_tail()
+    );
+    a.send(&cancel());
+    assert_eq!(a.final_for("1 CANCEL").0, 200);
+    assert_eq!(a.final_for("1 INVITE").0, 487);
+    wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+}

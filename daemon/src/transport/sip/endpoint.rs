@@ -214,7 +214,7 @@ impl Endpoint {
     }
 
     fn on_request(&mut self, req: Request, src: SocketAddr, now: Instant) {
-        let key = transaction::key(&req);
+        let key = transaction::key(&req, src);
         if req.method == "ACK" {
             self.on_ack(&req, &key, src, now);
             return;
@@ -614,14 +614,13 @@ impl Endpoint {
         // CANCEL matches the INVITE's transaction (same branch, method INVITE).
         let mut invite_req = req.clone();
         invite_req.method = "INVITE".into();
-        let invite_key = transaction::key(&invite_req);
-        // Only the INVITE's own peer may cancel it: the branch is no
-        // secret, and a call may have been admitted by its source or its
-        // credentials, which a CANCEL (never challenged) does not bring.
+        let invite_key = transaction::key(&invite_req, src);
+        // The key holds the source: only the INVITE's own peer may cancel
+        // it (a call may have been admitted by its source or its
+        // credentials, which a CANCEL, never challenged, does not bring).
         let target = self
             .txs
             .get_mut(&invite_key)
-            .filter(|tx| tx.peer == src)
             .map(|tx| (tx.final_code, tx.call.clone()));
         match target {
             None => {
