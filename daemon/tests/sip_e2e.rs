@@ -11,8 +11,8 @@
 //! re-INVITE; 30 calls at once; digest authentication (a call that
 //! answers the challenge, wrong credentials, the challenge itself, listed
 //! sources beside unlisted ones). baresip dials moshid over PCMU, plays a
-//! WAV file and records what it hears; linphone answers a SHA-256
-//! challenge. A raw UDP peer checks what sipp cannot
+//! WAV file and records what it hears, also after answering an MD5
+//! challenge; linphone answers a SHA-256 challenge. A raw UDP peer checks what sipp cannot
 //! easily: the 200 retransmitted until the ACK (timer G for 2xx, T1
 //! doubling), malformed requests next to a live call (each gets its
 //! 4xx; the call does not notice), and SHA-256 answers, replays, expired
@@ -582,11 +582,17 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
     );
 }
 
-/// baresip dials moshid with `codec` as moshid's only choice, plays a WAV
-/// file and records what it hears (its `sndfile` module dumps the decoded
-/// audio); returns (samples heard, moshid's RTP end line).
-fn baresip_call(codec: &str) -> (usize, String) {
-    let (d, sip) = start(&format!(r#""codecs": ["{codec}"]"#), "", &[]);
+/// baresip dials moshid with `codec` as moshid's only choice (and
+/// `extra_sip` keys of `sip`) from account `account`, plays a WAV file and
+/// records what it hears (its `sndfile` module dumps the decoded audio);
+/// returns (samples heard, moshid's RTP end line, its call start line).
+fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, String) {
+    let sep = if extra_sip.is_empty() { "" } else { ", " };
+    let (d, sip) = start(
+        &format!(r#""codecs": ["{codec}"]{sep}{extra_sip}"#),
+        "",
+        &[],
+    );
     let dir = d.temp_dir().join("baresip");
     std::fs::create_dir_all(&dir).unwrap();
     // 4 s of a 440 Hz tone at 8 kHz, 16-bit mono.
@@ -618,7 +624,7 @@ fn baresip_call(codec: &str) -> (usize, String) {
     let out = std::process::Command::new("timeout")
         .args(["60", "baresip", "-v", "-f"])
         .arg(&dir)
-        .args(["-e", "/uanew sip:baresip@127.0.0.1;regint=0"])
+        .args(["-e", &format!("/uanew {account}")])
         .args(["-e", &format!("/dial sip:moshi@{sip}")])
         .args(["-t", "8"])
         .output()
@@ -665,7 +671,7 @@ fn baresip_call(codec: &str) -> (usize, String) {
     let start = wait_lines(&d, &["sip call start"], 1).remove(0);
     println!("{start}");
     assert!(start.contains(&format!("codec={codec}")), "{start}");
-    (samples.len() / (rate as usize / 8000).max(1), rtp)
+    (samples.len() / (rate as usize / 8000).max(1), rtp, start)
 }
 
 #[test]
@@ -673,7 +679,7 @@ fn baresip_calls_with_pcmu() {
     if !need("baresip") || !inside_netns("baresip_calls_with_pcmu") {
         return;
     }
-    let (heard, rtp) = baresip_call("PCMU");
+    let (heard, rtp, _) = baresip_call("PCMU", "", "sip:baresip@127.0.0.1;regint=0");
     // baresip plays 4 s: moshid received and answered at least 2 s of it.
     assert!(field(&rtp, "received") >= 100, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
@@ -1138,4 +1144,23 @@ fn cancel_from_another_source_gets_481() {
     assert_eq!(a.final_for("1 CANCEL").0, 200);
     assert_eq!(a.final_for("1 INVITE").0, 487);
     wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+}
+
+/// baresip (1.0, libre 1.1: MD5 only, and it gives up on a SHA-256
+/// challenge, hence `algorithms: ["MD5"]`) answers moshid's challenge with
+/// its account's `auth_pass` and the call has audio both ways.
+#[test]
+fn baresip_authenticates_with_md5() {
+    if !need("baresip") || !inside_netns("baresip_authenticates_with_md5") {
+        return;
+    }
+    let (heard, rtp, start) = baresip_call(
+        "PCMU",
+        &auth_config(r#""algorithms": ["MD5"]"#),
+        "<sip:alice@127.0.0.1>;auth_pass=s3cret;regint=0",
+    );
+    assert!(start.ends_with("caller=alice"), "{start}");
+    assert!(field(&rtp, "received") >= 100, "{rtp}");
+    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
 }
