@@ -166,3 +166,20 @@ write("sip_message", "response", b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:
       b"From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n")
 write("sip_message", "compact", b"OPTIONS sip:h SIP/2.0\r\nv: SIP/2.0/TCP h, SIP/2.0/UDP g\r\nf: <sip:a@h>;tag=1\r\n"
       b"t: sip:b@h\r\ni: x\r\nCSeq: 1 OPTIONS\r\nl: 0\r\n\r\n")
+
+# sip_auth_header: Authorization values as sipp, baresip and RFC 7616 write
+# them, and a few broken ones.
+AUTH = {
+    "sipp-md5": 'Digest username="alice",realm="moshid",cnonce="6b8b4567",nc=00000001,qop=auth,'
+                'uri="sip:moshi@127.0.0.1:5060",nonce="0000000000005e100000000000000002490bc1f7a8e55ea6cda5f574bf7b686a",'
+                'response="22012bac19c36180103e8bcf90db7e9f",algorithm=MD5,opaque="7c6ab9dd8da35bb3b16a85b8"',
+    "rfc7616-sha256": 'Digest username="Mufasa", realm="http-auth@example.org", uri="/dir/index.html", '
+                      'algorithm=SHA-256, nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", nc=00000001, '
+                      'cnonce="f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ", qop=auth, '
+                      'response="753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1", '
+                      'opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS"',
+    "escapes": 'digest USERNAME="a\\"b, c",Realm="r\\\\x" , nonce = n1,uri="sip:m@h;x=\\"y\\""',
+    "broken": 'Digest username="alice, realm=moshid,,nc=1',
+}
+for name, value in AUTH.items():
+    write("sip_auth_header", name, value.encode())

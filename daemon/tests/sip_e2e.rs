@@ -8,11 +8,15 @@
 //! a retransmitted INVITE answered once; a call over capacity (503 with
 //! Retry-After) and over `sip.max_dialogs` (486); no common codec (488);
 //! BYE from moshid at `session.max_session_seconds`; hold and resume by
-//! re-INVITE; 30 calls at once. baresip dials moshid over PCMU, plays a
-//! WAV file and records what it hears. A raw UDP peer checks what sipp cannot
+//! re-INVITE; 30 calls at once; digest authentication (a call that
+//! answers the challenge, wrong credentials, the challenge itself, listed
+//! sources beside unlisted ones). baresip dials moshid over PCMU, plays a
+//! WAV file and records what it hears, also after answering an MD5
+//! challenge; linphone answers a SHA-256 challenge. A raw UDP peer checks what sipp cannot
 //! easily: the 200 retransmitted until the ACK (timer G for 2xx, T1
-//! doubling), and malformed requests next to a live call (each gets its
-//! 4xx; the call does not notice).
+//! doubling), malformed requests next to a live call (each gets its
+//! 4xx; the call does not notice), and SHA-256 answers, replays, expired
+//! nonces and malformed `Authorization` headers.
 //!
 //! Nothing asserts timing: gaps and durations are printed. moshid's side
 //! of each call is read from its log (`sip call start/end`, `rtp session
@@ -23,7 +27,7 @@ mod common;
 mod sip_common;
 
 use common::Daemon;
-use sip_common::{field, inside_netns, need, sipp, ulaw_file};
+use sip_common::{field, inside_netns, need, sipp, sipp_with, ulaw_file};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -578,11 +582,17 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
     );
 }
 
-/// baresip dials moshid with `codec` as moshid's only choice, plays a WAV
-/// file and records what it hears (its `sndfile` module dumps the decoded
-/// audio); returns (samples heard, moshid's RTP end line).
-fn baresip_call(codec: &str) -> (usize, String) {
-    let (d, sip) = start(&format!(r#""codecs": ["{codec}"]"#), "", &[]);
+/// baresip dials moshid with `codec` as moshid's only choice (and
+/// `extra_sip` keys of `sip`) from account `account`, plays a WAV file and
+/// records what it hears (its `sndfile` module dumps the decoded audio);
+/// returns (samples heard, moshid's RTP end line, its call start line).
+fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, String) {
+    let sep = if extra_sip.is_empty() { "" } else { ", " };
+    let (d, sip) = start(
+        &format!(r#""codecs": ["{codec}"]{sep}{extra_sip}"#),
+        "",
+        &[],
+    );
     let dir = d.temp_dir().join("baresip");
     std::fs::create_dir_all(&dir).unwrap();
     // 4 s of a 440 Hz tone at 8 kHz, 16-bit mono.
@@ -614,7 +624,7 @@ fn baresip_call(codec: &str) -> (usize, String) {
     let out = std::process::Command::new("timeout")
         .args(["60", "baresip", "-v", "-f"])
         .arg(&dir)
-        .args(["-e", "/uanew sip:baresip@127.0.0.1;regint=0"])
+        .args(["-e", &format!("/uanew {account}")])
         .args(["-e", &format!("/dial sip:moshi@{sip}")])
         .args(["-t", "8"])
         .output()
@@ -661,7 +671,7 @@ fn baresip_call(codec: &str) -> (usize, String) {
     let start = wait_lines(&d, &["sip call start"], 1).remove(0);
     println!("{start}");
     assert!(start.contains(&format!("codec={codec}")), "{start}");
-    (samples.len() / (rate as usize / 8000).max(1), rtp)
+    (samples.len() / (rate as usize / 8000).max(1), rtp, start)
 }
 
 #[test]
@@ -669,8 +679,487 @@ fn baresip_calls_with_pcmu() {
     if !need("baresip") || !inside_netns("baresip_calls_with_pcmu") {
         return;
     }
-    let (heard, rtp) = baresip_call("PCMU");
+    let (heard, rtp, _) = baresip_call("PCMU", "", "sip:baresip@127.0.0.1;regint=0");
     // baresip plays 4 s: moshid received and answered at least 2 s of it.
+    assert!(field(&rtp, "received") >= 100, "{rtp}");
+    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
+}
+
+/// `sip.auth` with one user (`alice`), and `more` keys of `sip.auth`.
+fn auth_config(more: &str) -> String {
+    let sep = if more.is_empty() { "" } else { ", " };
+    format!(r#""auth": {{"credentials": {{"alice": "s3cret"}}{sep}{more}}}"#)
+}
+
+#[test]
+fn auth_call_with_credentials_has_rtp() {
+    if !need("sipp") || !inside_netns("auth_call_with_credentials_has_rtp") {
+        return;
+    }
+    // sipp 3.6 answers MD5 only and reads the first challenge of a 401, so
+    // moshid offers MD5 alone here (SHA-256 is the raw peer's test below).
+    let (d, sip) = start(&auth_config(r#""algorithms": ["MD5"]"#), "", &[]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    // sipp computes the digest over `sip:` + -auth_uri (by default the
+    // target address, not the Request-URI, which moshid requires).
+    let auth_uri = format!("moshi@{sip}");
+    sipp_with(
+        d.temp_dir(),
+        sip,
+        "auth_call",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "3000".into()),
+            ("@USER@", "alice".into()),
+            ("@PASSWORD@", "s3cret".into()),
+        ],
+        1,
+        1,
+        &["-auth_uri", &auth_uri],
+    )
+    .assert_ok("auth_call");
+    let start = wait_lines(&d, &["sip call start"], 1);
+    println!("{}", start[0]);
+    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    println!("{}", rtp[0]);
+    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
+    assert!(field(&rtp[0], "packets_sent") >= 50, "{}", rtp[0]);
+    assert_eq!(lines(&d, &["sip call start"]).len(), 1);
+}
+
+#[test]
+fn auth_wrong_password_gets_401_again_and_no_call() {
+    if !need("sipp") || !inside_netns("auth_wrong_password_gets_401_again_and_no_call") {
+        return;
+    }
+    let (d, sip) = start(&auth_config(r#""algorithms": ["MD5"]"#), "", &[]);
+    let auth_uri = format!("moshi@{sip}");
+    for (user, password) in [("alice", "wrong"), ("mallory", "s3cret")] {
+        sipp_with(
+            d.temp_dir(),
+            sip,
+            "auth_wrong",
+            &[("@USER@", user.into()), ("@PASSWORD@", password.into())],
+            1,
+            1,
+            &["-auth_uri", &auth_uri],
+        )
+        .assert_ok(&format!("auth_wrong ({user}/{password})"));
+    }
+    wait_lines(&d, &["digest authentication: wrong credentials"], 1);
+    assert!(
+        lines(&d, &["sip call start"]).is_empty(),
+        "{}",
+        d.stderr_tail()
+    );
+    assert!(lines(&d, &["rtp session start"]).is_empty());
+}
+
+#[test]
+fn auth_without_credentials_gets_both_challenges() {
+    if !need("sipp") || !inside_netns("auth_without_credentials_gets_both_challenges") {
+        return;
+    }
+    let (d, sip) = start(&auth_config(""), "", &[]);
+    sipp(d.temp_dir(), sip, "auth_challenge", &[], 1, 1).assert_ok("auth_challenge");
+    // A trunk's OPTIONS ping needs no credentials.
+    sipp(d.temp_dir(), sip, "options", &[], 1, 1).assert_ok("options with sip.auth");
+    assert!(lines(&d, &["sip call start"]).is_empty());
+}
+
+/// The value of parameter `name` in a `WWW-Authenticate` line.
+fn auth_param(line: &str, name: &str) -> String {
+    let quoted = format!("{name}=\"");
+    if let Some(i) = line.find(&quoted) {
+        let rest = &line[i + quoted.len()..];
+        return rest[..rest.find('"').expect("closing quote")].to_string();
+    }
+    let bare = format!("{name}=");
+    let i = line
+        .find(&bare)
+        .unwrap_or_else(|| panic!("no {name} in {line}"));
+    let rest = &line[i + bare.len()..];
+    rest.split([',', '\r', ' ']).next().unwrap().to_string()
+}
+
+/// A SHA-256 `Authorization` value for `challenge`, computed here with
+/// the `sha2` crate (not moshid's digest code).
+fn sha256_authorization(challenge: &str, password: &str, uri: &str, nc: u32) -> String {
+    use sha2::Digest;
+    let h = |s: String| -> String {
+        sha2::Sha256::digest(s.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let (realm, nonce, opaque) = (
+        auth_param(challenge, "realm"),
+        auth_param(challenge, "nonce"),
+        auth_param(challenge, "opaque"),
+    );
+    let cnonce = "0a4f113b";
+    let ha1 = h(format!("alice:{realm}:{password}"));
+    let ha2 = h(format!("INVITE:{uri}"));
+    let response = h(format!("{ha1}:{nonce}:{nc:08x}:{cnonce}:auth:{ha2}"));
+    format!(
+        "Digest username=\"alice\", realm=\"{realm}\", nonce=\"{nonce}\", uri=\"{uri}\", \
+         response=\"{response}\", algorithm=SHA-256, qop=auth, nc={nc:08x}, cnonce=\"{cnonce}\", opaque=\"{opaque}\""
+    )
+}
+
+impl RawPeer {
+    /// A peer on `local` (another loopback address, say).
+    fn bound(local: &str, to: SocketAddr) -> RawPeer {
+        let socket = UdpSocket::bind(local).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        RawPeer { socket, to }
+    }
+
+    /// A request of this peer (From tag `raw1`), with `extra` header lines;
+    /// an INVITE carries [`RAW_SDP`].
+    fn request(
+        &self,
+        method: &str,
+        call: &str,
+        branch: &str,
+        cseq: u32,
+        to: &str,
+        extra: &str,
+    ) -> String {
+        let port = self.port();
+        let local = self.socket.local_addr().unwrap().ip();
+        let body = if method == "INVITE" { RAW_SDP } else { "" };
+        let content_type = if body.is_empty() {
+            ""
+        } else {
+            "Content-Type: application/sdp\r\n"
+        };
+        format!(
+            "{method} sip:moshi@{sip} SIP/2.0\r\nVia: SIP/2.0/UDP {local}:{port};branch={branch}\r\n\
+             From: <sip:raw@{local}:{port}>;tag=raw1\r\nTo: {to}\r\nCall-ID: {call}\r\n\
+             CSeq: {cseq} {method}\r\nContact: <sip:raw@{local}:{port}>\r\nMax-Forwards: 70\r\n{extra}\
+             {content_type}Content-Length: {}\r\n\r\n{body}",
+            body.len(),
+            sip = self.to
+        )
+    }
+
+    /// The final response to the request with CSeq `cseq`.
+    fn final_for(&self, cseq: &str) -> (u16, String) {
+        loop {
+            let (code, m) = self.recv_status();
+            if code >= 200 && header(&m, "CSeq") == Some(cseq) {
+                return (code, m);
+            }
+        }
+    }
+
+    /// Sends an INVITE out of any dialog; returns its final response,
+    /// ACKed when it is not a 2xx.
+    fn invite_final(&self, call: &str, branch: &str, cseq: u32, extra: &str) -> (u16, String) {
+        let to = format!("<sip:moshi@{}>", self.to);
+        self.send(&self.request("INVITE", call, branch, cseq, &to, extra));
+        let (code, m) = self.final_for(&format!("{cseq} INVITE"));
+        if code >= 300 {
+            let to = header(&m, "To").unwrap().to_string();
+            self.send(&self.request("ACK", call, branch, cseq, &to, ""));
+        }
+        (code, m)
+    }
+}
+
+/// The `WWW-Authenticate` lines of a response.
+fn challenges(m: &str) -> Vec<String> {
+    m.lines()
+        .filter(|l| l.starts_with("WWW-Authenticate:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn auth_sha256_raw_peer_stale_replay_and_malformed() {
+    if !inside_netns("auth_sha256_raw_peer_stale_replay_and_malformed") {
+        return;
+    }
+    let (d, sip) = start(&auth_config(r#""nonce_seconds": 2"#), "", &[]);
+    let p = RawPeer::new(sip);
+    let uri = format!("sip:moshi@{sip}");
+    let (code, m) = p.invite_final("sha-1", "z9hG4bK-sha-1", 1, "");
+    assert_eq!(code, 401, "{m}");
+    let ch = challenges(&m);
+    println!("{}", ch.join("\n"));
+    assert_eq!(ch.len(), 2, "{m}");
+    assert_eq!(auth_param(&ch[0], "algorithm"), "SHA-256");
+    assert_eq!(auth_param(&ch[1], "algorithm"), "MD5");
+    let sha = ch[0].clone();
+    let good = sha256_authorization(&sha, "s3cret", &uri, 1);
+    // Malformed or mismatched answers: 400 each, for that request only.
+    let malformed = [
+        "Digest username=\"alice".to_string(),
+        "Digest username=alice,,realm=moshid".to_string(),
+        good.replace(", qop=auth", ""),
+        good.replace("nc=00000001", "nc=1"),
+        good.replace(&format!("uri=\"{uri}\""), "uri=\"sip:someone@else\""),
+        format!("{good}, {good}"),
+    ];
+    for (i, a) in malformed.iter().enumerate() {
+        let (code, m) = p.invite_final(
+            "sha-bad",
+            &format!("z9hG4bK-bad-{i}"),
+            10 + i as u32,
+            &format!("Authorization: {a}\r\n"),
+        );
+        println!("{a:.60} -> {code} {}", header(&m, "Warning").unwrap_or(""));
+        assert_eq!(code, 400, "{a}\n->\n{m}");
+    }
+    // A wrong password: challenged again, not stale.
+    let wrong = sha256_authorization(&sha, "s3creT", &uri, 1);
+    let (code, m) = p.invite_final(
+        "sha-1",
+        "z9hG4bK-sha-wrong",
+        2,
+        &format!("Authorization: {wrong}\r\n"),
+    );
+    assert_eq!(code, 401, "{m}");
+    assert!(!m.contains("stale"), "{m}");
+    // The right one: the call.
+    let (code, ok) = p.invite_final(
+        "sha-1",
+        "z9hG4bK-sha-2",
+        3,
+        &format!("Authorization: {good}\r\n"),
+    );
+    assert_eq!(code, 200, "{ok}");
+    let start = wait_lines(&d, &["sip call start"], 1);
+    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
+    let to = header(&ok, "To").unwrap().to_string();
+    p.send(&p.request("ACK", "sha-1", "z9hG4bK-sha-ack", 3, &to, ""));
+    p.send(&p.request("BYE", "sha-1", "z9hG4bK-sha-bye", 4, &to, ""));
+    assert_eq!(p.final_for("4 BYE").0, 200);
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    // The same answer again (a replay, as from someone who overheard it):
+    // a right digest on a used nonce count is stale.
+    let (code, m) = p.invite_final(
+        "sha-2",
+        "z9hG4bK-sha-replay",
+        1,
+        &format!("Authorization: {good}\r\n"),
+    );
+    assert_eq!(code, 401, "{m}");
+    let ch = challenges(&m);
+    assert!(ch.iter().all(|c| c.ends_with("stale=true")), "{m}");
+    assert_ne!(auth_param(&ch[0], "nonce"), auth_param(&sha, "nonce"));
+    // An expired nonce (sip.auth.nonce_seconds = 2): stale as well.
+    let (_, m) = p.invite_final("sha-3", "z9hG4bK-sha-3", 1, "");
+    let fresh = challenges(&m)[0].clone();
+    std::thread::sleep(Duration::from_millis(2_500));
+    let late = sha256_authorization(&fresh, "s3cret", &uri, 1);
+    let (code, m) = p.invite_final(
+        "sha-3",
+        "z9hG4bK-sha-late",
+        2,
+        &format!("Authorization: {late}\r\n"),
+    );
+    assert_eq!(code, 401, "{m}");
+    assert!(challenges(&m)[0].ends_with("stale=true"), "{m}");
+    assert_eq!(
+        lines(&d, &["sip call start"]).len(),
+        1,
+        "{}",
+        d.stderr_tail()
+    );
+}
+
+#[test]
+fn auth_and_allowed_sources_combine() {
+    if !need("sipp") || !inside_netns("auth_and_allowed_sources_combine") {
+        return;
+    }
+    let sip_cfg = format!(r#""allowed_sources": ["127.0.0.1"], {}"#, auth_config(""));
+    let (d, sip) = start(&sip_cfg, "", &[]);
+    // A listed source calls without credentials.
+    let audio = ulaw_file(d.temp_dir(), 3);
+    sipp(
+        d.temp_dir(),
+        sip,
+        "basic_call",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "1000".into()),
+        ],
+        1,
+        1,
+    )
+    .assert_ok("basic_call from a listed source");
+    let start = wait_lines(&d, &["sip call start"], 1);
+    assert!(start[0].ends_with("caller=-"), "{}", start[0]);
+    // Another source (127.0.0.2, still loopback) must authenticate; its
+    // OPTIONS ping is answered.
+    let p = RawPeer::bound("127.0.0.2:0", sip);
+    let (code, m) = p.invite_final("other-1", "z9hG4bK-other-1", 1, "");
+    assert_eq!(code, 401, "{m}");
+    let to = format!("<sip:moshi@{sip}>");
+    p.send(&p.request("OPTIONS", "other-2", "z9hG4bK-other-2", 1, &to, ""));
+    assert_eq!(p.final_for("1 OPTIONS").0, 200);
+    let uri = format!("sip:moshi@{sip}");
+    let good = sha256_authorization(&challenges(&m)[0], "s3cret", &uri, 1);
+    let (code, ok) = p.invite_final(
+        "other-1",
+        "z9hG4bK-other-3",
+        2,
+        &format!("Authorization: {good}\r\n"),
+    );
+    assert_eq!(code, 200, "{ok}");
+    let to = header(&ok, "To").unwrap().to_string();
+    p.send(&p.request("ACK", "other-1", "z9hG4bK-other-ack", 2, &to, ""));
+    p.send(&p.request("BYE", "other-1", "z9hG4bK-other-bye", 3, &to, ""));
+    assert_eq!(p.final_for("3 BYE").0, 200);
+    let starts = wait_lines(&d, &["sip call start", "caller=alice"], 1);
+    assert!(starts[0].contains("from=127.0.0.2:"), "{}", starts[0]);
+}
+
+/// linphone (Debian linphone-cli, belle-sip 5) dials moshid, which offers
+/// SHA-256 and MD5 (the defaults): linphone answers the SHA-256 challenge
+/// with its account's password, and the call is set up and hung up.
+#[test]
+fn linphone_authenticates_with_sha256() {
+    if !need("linphonec") || !inside_netns("linphone_authenticates_with_sha256") {
+        return;
+    }
+    use std::io::Write;
+    let sip_cfg = format!(r#""codecs": ["PCMU"], {}"#, auth_config(""));
+    let (d, sip) = start(&sip_cfg, "", &[]);
+    let home = d.temp_dir().join("linphone");
+    std::fs::create_dir_all(home.join(".local/share/linphone")).unwrap();
+    let rc = home.join("rc");
+    std::fs::write(
+        &rc,
+        "[sip]\ncontact=\"Alice\" <sip:alice@127.0.0.1>\ndefault_proxy=-1\nipv6_enabled=0\n\n\
+         [auth_info_0]\nusername=alice\npasswd=s3cret\nrealm=moshid\ndomain=127.0.0.1\n",
+    )
+    .unwrap();
+    let log = home.join("log");
+    let mut child = std::process::Command::new("timeout")
+        .args(["60", "linphonec", "-d", "4", "-c"])
+        .arg(&rc)
+        .arg("-l")
+        .arg(&log)
+        .env("HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running linphonec");
+    let mut stdin = child.stdin.take().unwrap();
+    // No sound card in the namespace: WAV files stand in for one.
+    writeln!(stdin, "soundcard use files").unwrap();
+    writeln!(stdin, "call sip:moshi@{sip}").unwrap();
+    let start = wait_lines(&d, &["sip call start"], 1);
+    println!("{}", start[0]);
+    std::thread::sleep(Duration::from_secs(2));
+    writeln!(stdin, "terminate").unwrap();
+    let end = wait_lines(&d, &["sip call end"], 1);
+    println!("{}", end[0]);
+    writeln!(stdin, "quit").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    println!(
+        "linphonec (tail):\n{}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let rtp = wait_lines(&d, &["rtp session end"], 1);
+    println!("{}", rtp[0]);
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let answers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("Authorization:"))
+        .collect();
+    println!(
+        "{}",
+        answers
+            .first()
+            .unwrap_or(&"(no Authorization in linphone's log)")
+    );
+    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
+    assert!(start[0].contains("codec=PCMU"), "{}", start[0]);
+    assert!(end[0].contains("reason=bye_from_peer"), "{}", end[0]);
+    // moshid's media reached linphone's address (linphone itself sends
+    // nothing: no file is given to stand in for its microphone).
+    assert!(field(&rtp[0], "packets_sent") > 0, "{}", rtp[0]);
+    assert!(
+        answers
+            .first()
+            .is_some_and(|a| a.contains("algorithm=SHA-256")),
+        "linphone answered with SHA-256: {answers:?}"
+    );
+}
+
+/// A CANCEL is not challenged (RFC 3261 §22.1), so it must come from the
+/// INVITE's own source: another one that copies the INVITE's Via (branch
+/// and sent-by) gets 481, the call rings on, and its caller's own CANCEL
+/// (the same Via) is not taken for a retransmission of the other's.
+#[test]
+fn cancel_from_another_source_gets_481() {
+    if !inside_netns("cancel_from_another_source_gets_481") {
+        return;
+    }
+    let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
+    let a = RawPeer::new(sip);
+    a.send(&a.invite("cancel-2", "z9hG4bK-cancel-2", RAW_SDP));
+    loop {
+        if a.recv_status().0 == 180 {
+            break;
+        }
+    }
+    let cancel = || {
+        let port = a.port();
+        format!(
+            "CANCEL sip:moshi@{sip} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-cancel-2\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: <sip:moshi@{sip}>\r\nCall-ID: cancel-2\r\n\
+             CSeq: 1 CANCEL\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    let b = RawPeer::bound("127.0.0.2:0", sip);
+    b.send(&cancel());
+    assert_eq!(b.final_for("1 CANCEL").0, 481);
+    assert!(
+        lines(&d, &["sip call end"]).is_empty(),
+        "{}",
+        d.stderr_tail()
+    );
+    a.send(&cancel());
+    assert_eq!(a.final_for("1 CANCEL").0, 200);
+    assert_eq!(a.final_for("1 INVITE").0, 487);
+    wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+}
+
+/// baresip (1.0, libre 1.1: MD5 only, and it gives up on a SHA-256
+/// challenge, hence `algorithms: ["MD5"]`) answers moshid's challenge with
+/// its account's `auth_pass` and the call has audio both ways.
+#[test]
+fn baresip_authenticates_with_md5() {
+    if !need("baresip") || !inside_netns("baresip_authenticates_with_md5") {
+        return;
+    }
+    let (heard, rtp, start) = baresip_call(
+        "PCMU",
+        &auth_config(r#""algorithms": ["MD5"]"#),
+        "<sip:alice@127.0.0.1>;auth_pass=s3cret;regint=0",
+    );
+    assert!(start.ends_with("caller=alice"), "{start}");
     assert!(field(&rtp, "received") >= 100, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");

@@ -43,7 +43,7 @@ pub fn need(bin: &str) -> bool {
     }
     println!(
         "SKIPPED: `{bin}` is not installed and `scripts/setup --tests` could not install it ({status:?}); \
-         install Debian's sip-tester / baresip-core to run this test"
+         install Debian's sip-tester / baresip-core / linphone-cli to run this test"
     );
     false
 }
@@ -155,6 +155,19 @@ pub fn sipp(
     calls: u32,
     rate: u32,
 ) -> SippRun {
+    sipp_with(dir, target, name, subs, calls, rate, &[])
+}
+
+/// [`sipp`] with further command-line options (`-auth_uri …`).
+pub fn sipp_with(
+    dir: &Path,
+    target: std::net::SocketAddr,
+    name: &str,
+    subs: &[(&str, String)],
+    calls: u32,
+    rate: u32,
+    extra: &[&str],
+) -> SippRun {
     let template = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/sip")
         .join(format!("{name}.xml"));
@@ -184,6 +197,7 @@ pub fn sipp(
             "-error_file",
         ])
         .arg(&errors)
+        .args(extra)
         .arg(target.to_string())
         .output()
         .expect("running sipp");

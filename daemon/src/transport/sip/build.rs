@@ -66,6 +66,7 @@ pub fn reason(code: u16) -> &'static str {
         180 => "Ringing",
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",

@@ -1,10 +1,11 @@
 //! `sip.*`: the SIP endpoint's configuration and its checks.
 //!
 //! Every table the endpoint keeps is bounded here (dialogs, transactions,
-//! message size); the timers are RFC 3261's (T1, T2, 64·T1). Off loopback a
-//! caller must be vouched for: `allowed_sources` must list the trunks' and
-//! PBXs' addresses (the endpoint refuses to start otherwise, as AudioSocket
-//! does).
+//! message size, digest nonces); the timers are RFC 3261's (T1, T2,
+//! 64·T1). Off loopback a caller must be vouched for: `allowed_sources`
+//! must list the trunks' and PBXs' addresses, or `auth` must hold digest
+//! credentials, or both (the endpoint refuses to start otherwise, as
+//! AudioSocket does).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -55,6 +56,107 @@ pub struct SipConfig {
     /// Session parameters by request-URI user (`"agent": {"seed": "7"}`).
     /// When not empty, only these users can be called (404 otherwise).
     pub users: BTreeMap<String, BTreeMap<String, String>>,
+    /// Digest authentication of callers (RFC 3261 §22, RFC 8760); `null`:
+    /// none. When set, an INVITE from a source not in `allowed_sources`
+    /// must answer a challenge, on loopback too.
+    pub auth: Option<SipAuthConfig>,
+}
+
+/// `sip.auth`: who may call with a password.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SipAuthConfig {
+    /// The realm of the challenges (what a softphone shows its user).
+    pub realm: String,
+    /// Passwords by username (the caller's digest username, not the
+    /// Request-URI user of `sip.users`).
+    pub credentials: BTreeMap<String, String>,
+    /// The algorithms offered, one `WWW-Authenticate` each, in this order
+    /// (`SHA-256`, `MD5`; RFC 8760 puts SHA-256 first).
+    pub algorithms: Vec<String>,
+    /// How long a nonce is good for, in seconds (then `stale=true`).
+    pub nonce_seconds: u64,
+    /// Nonces remembered per I/O core for replay detection (only nonces
+    /// used with a correct response take room).
+    pub max_nonces: usize,
+}
+
+impl Default for SipAuthConfig {
+    fn default() -> Self {
+        SipAuthConfig {
+            realm: "moshid".into(),
+            credentials: BTreeMap::new(),
+            algorithms: vec!["SHA-256".into(), "MD5".into()],
+            nonce_seconds: 300,
+            max_nonces: 4096,
+        }
+    }
+}
+
+/// Checks `sip.auth`.
+fn validate_auth(a: &SipAuthConfig) -> Result<(), (&'static str, String)> {
+    let plain = |s: &str| !s.chars().any(|c| c.is_control() || c == '"' || c == '\\');
+    if a.realm.is_empty() || a.realm.len() > 128 || !plain(&a.realm) {
+        return Err((
+            "sip.auth.realm",
+            "must be 1 to 128 characters without quotes, backslashes or control characters".into(),
+        ));
+    }
+    if a.credentials.is_empty() {
+        return Err((
+            "sip.auth.credentials",
+            "must hold at least one \"username\": \"password\"".into(),
+        ));
+    }
+    for (user, password) in &a.credentials {
+        if user.is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
+            return Err((
+                "sip.auth.credentials",
+                format!(
+                    "username `{user}`: must be 1 to 128 characters without control characters"
+                ),
+            ));
+        }
+        if password.is_empty() {
+            return Err((
+                "sip.auth.credentials",
+                format!("username `{user}` has an empty password"),
+            ));
+        }
+    }
+    if a.algorithms.is_empty() {
+        return Err((
+            "sip.auth.algorithms",
+            "must name at least one algorithm".into(),
+        ));
+    }
+    for (i, name) in a.algorithms.iter().enumerate() {
+        if super::digest::Algorithm::parse(name).is_none() {
+            return Err((
+                "sip.auth.algorithms",
+                format!("unknown algorithm `{name}` (SHA-256, MD5)"),
+            ));
+        }
+        if a.algorithms[..i]
+            .iter()
+            .any(|p| p.eq_ignore_ascii_case(name))
+        {
+            return Err(("sip.auth.algorithms", format!("`{name}` is listed twice")));
+        }
+    }
+    if !(1..=3_600).contains(&a.nonce_seconds) {
+        return Err((
+            "sip.auth.nonce_seconds",
+            "must be between 1 and 3600".into(),
+        ));
+    }
+    if !(1..=1_000_000).contains(&a.max_nonces) {
+        return Err((
+            "sip.auth.max_nonces",
+            "must be between 1 and 1000000".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl Default for SipConfig {
@@ -75,6 +177,7 @@ impl Default for SipConfig {
             t2_ms: 4_000,
             params: BTreeMap::new(),
             users: BTreeMap::new(),
+            auth: None,
         }
     }
 }
@@ -129,6 +232,9 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
     if c.ring_ms > 60_000 {
         return Err(("sip.ring_ms", "must be at most 60000".into()));
     }
+    if let Some(a) = &c.auth {
+        validate_auth(a)?;
+    }
     if c.enabled {
         if c.address.port() != 0 && c.address == listen {
             return Err((
@@ -136,11 +242,11 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
                 format!("is listen.address ({listen}): give SIP its own port"),
             ));
         }
-        if !c.address.ip().is_loopback() && c.allowed_sources.is_empty() {
+        if !c.address.ip().is_loopback() && c.allowed_sources.is_empty() && c.auth.is_none() {
             return Err((
                 "sip.allowed_sources",
                 format!(
-                    "is required when listening on {} (not loopback): list the trunks' and PBXs' addresses",
+                    "or sip.auth is required when listening on {} (not loopback): list the trunks' and PBXs' addresses, or give callers digest credentials",
                     c.address
                 ),
             ));
@@ -190,5 +296,46 @@ mod tests {
             Err("sip.address")
         );
         assert_eq!(check(r#"{"enabeld": true}"#), Err("parse"));
+    }
+
+    #[test]
+    fn auth_is_checked_and_admits_off_loopback() {
+        let auth = r#""auth": {"credentials": {"alice": "s3cret"}}"#;
+        assert_eq!(
+            check(&format!(
+                r#"{{"enabled": true, "address": "0.0.0.0:5060", {auth}}}"#
+            )),
+            Ok(())
+        );
+        let c: SipConfig = serde_json::from_str(&format!("{{{auth}}}")).unwrap();
+        let a = c.auth.unwrap();
+        assert_eq!((a.realm.as_str(), a.nonce_seconds), ("moshid", 300));
+        assert_eq!(a.algorithms, ["SHA-256", "MD5"]);
+        let bad = |inner: &str| check(&format!(r#"{{"auth": {{{inner}}}}}"#));
+        assert_eq!(bad(""), Err("sip.auth.credentials"));
+        assert_eq!(
+            bad(r#""credentials": {"": "x"}"#),
+            Err("sip.auth.credentials")
+        );
+        assert_eq!(
+            bad(r#""credentials": {"a": ""}"#),
+            Err("sip.auth.credentials")
+        );
+        let with = |more: &str| bad(&format!(r#""credentials": {{"a": "p"}}, {more}"#));
+        assert_eq!(with(r#""realm": """#), Err("sip.auth.realm"));
+        assert_eq!(with(r#""realm": "a\"b""#), Err("sip.auth.realm"));
+        assert_eq!(with(r#""algorithms": []"#), Err("sip.auth.algorithms"));
+        assert_eq!(
+            with(r#""algorithms": ["SHA-1"]"#),
+            Err("sip.auth.algorithms")
+        );
+        assert_eq!(
+            with(r#""algorithms": ["MD5", "md5"]"#),
+            Err("sip.auth.algorithms")
+        );
+        assert_eq!(with(r#""algorithms": ["MD5"]"#), Ok(()));
+        assert_eq!(with(r#""nonce_seconds": 0"#), Err("sip.auth.nonce_seconds"));
+        assert_eq!(with(r#""max_nonces": 0"#), Err("sip.auth.max_nonces"));
+        assert_eq!(with(r#""nonse_seconds": 5"#), Err("parse"));
     }
 }

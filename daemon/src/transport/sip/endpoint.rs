@@ -5,12 +5,20 @@
 //!
 //! Per request: malformed → 400 when it can be answered, else counted and
 //! dropped; a retransmission → the transaction's last response again; a
-//! source not in `sip.allowed_sources` → 403. INVITE: 100 at once, then
+//! source not in `sip.allowed_sources` → 403 (without `sip.auth`). With
+//! `sip.auth`, an INVITE that creates a dialog from a source not in
+//! `sip.allowed_sources` (any source when the list is empty, loopback
+//! included) must carry good digest credentials ([`super::auth`]): else
+//! 401 with the challenges (a malformed `Authorization`: 400); requests
+//! within a dialog ride on the dialog's INVITE, CANCEL and the ACK of a
+//! non-2xx cannot be challenged (RFC 3261 §22.1), and OPTIONS (a trunk's
+//! keep-alive) is answered to anyone. INVITE: 100 at once, then
 //! 404 (unknown user), 400 (bad parameters or SDP), 488 (no SDP offer, no
 //! common codec), 486 (`sip.max_dialogs` calls on this core), 503 with
 //! `Retry-After` (no slot, or no room for a transaction), else an RTP
 //! session through the RTP machinery, 180, and 200 with the SDP answer
-//! (after `sip.ring_ms`). ACK, BYE, CANCEL (487 to the INVITE), OPTIONS
+//! (after `sip.ring_ms`). ACK, BYE, CANCEL (from the INVITE's peer: 487
+//! to the INVITE), OPTIONS
 //! (200 with Allow/Accept) and re-INVITE (hold and resume; the codec is
 //! kept) within the dialogs; other methods get 405 (out of a dialog) or
 //! 501.
@@ -21,6 +29,7 @@
 //! configuration; every call ends its RTP session when it ends, and every
 //! RTP session that ends ends its call (BYE).
 
+use super::auth::{Authenticator, Verdict};
 use super::build::{self, Ids, ALLOW};
 use super::call::{Call, CallState};
 use super::config::SipConfig;
@@ -55,6 +64,11 @@ pub struct SipCounters {
     pub resent: u64,
     /// Requests refused by `sip.allowed_sources`.
     pub forbidden: u64,
+    /// INVITEs answered 401 (challenged: without credentials, or with
+    /// wrong or stale ones).
+    pub challenged: u64,
+    /// INVITEs whose credentials were right.
+    pub authenticated: u64,
     /// Calls answered.
     pub calls: u64,
     /// INVITEs refused for capacity (486/503).
@@ -67,6 +81,17 @@ pub struct SipCounters {
     pub byes_sent: u64,
 }
 
+/// Digest authentication on this core.
+enum AuthState {
+    /// No `sip.auth`.
+    Off,
+    /// `sip.auth` in force.
+    On(Box<Authenticator>),
+    /// `sip.auth` set, but the system's random source could not key the
+    /// nonces: INVITEs that need credentials get 500.
+    Broken,
+}
+
 /// One core's endpoint.
 pub struct Endpoint {
     app: CoreApp,
@@ -77,6 +102,7 @@ pub struct Endpoint {
     calls: HashMap<String, Call>,
     ids: Ids,
     out: Vec<(SocketAddr, Vec<u8>)>,
+    auth: AuthState,
     /// Counters.
     pub counters: SipCounters,
     log_gate: LogGate,
@@ -94,6 +120,16 @@ impl Endpoint {
             t1: Duration::from_millis(c.t1_ms),
             t2: Duration::from_millis(c.t2_ms),
         };
+        let auth = match &c.auth {
+            None => AuthState::Off,
+            Some(a) => match Authenticator::new(a, Instant::now()) {
+                Some(a) => AuthState::On(Box::new(a)),
+                None => {
+                    eprintln!("<3>sip: no random source to key digest nonces: INVITEs needing sip.auth get 500");
+                    AuthState::Broken
+                }
+            },
+        };
         Endpoint {
             app,
             local,
@@ -102,6 +138,7 @@ impl Endpoint {
             calls: HashMap::new(),
             ids: Ids::new(),
             out: Vec::new(),
+            auth,
             counters: SipCounters::default(),
             log_gate: LogGate::new(Duration::from_secs(10)),
         }
@@ -120,8 +157,8 @@ impl Endpoint {
     fn log_refusal(&self, src: SocketAddr, why: &str) {
         if self.log_gate.due(Instant::now()) {
             eprintln!(
-                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {})",
-                self.counters.malformed, self.counters.not_sip
+                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {}, challenged: {})",
+                self.counters.malformed, self.counters.not_sip, self.counters.challenged
             );
         }
     }
@@ -177,7 +214,7 @@ impl Endpoint {
     }
 
     fn on_request(&mut self, req: Request, src: SocketAddr, now: Instant) {
-        let key = transaction::key(&req);
+        let key = transaction::key(&req, src);
         if req.method == "ACK" {
             self.on_ack(&req, &key, src, now);
             return;
@@ -200,7 +237,12 @@ impl Endpoint {
             self.send(src, bytes);
             return;
         }
-        if !crate::transport::audiosocket::peer_allowed(&cfg(&self.app).allowed_sources, src.ip()) {
+        let allowed = &cfg(&self.app).allowed_sources;
+        let listed =
+            !allowed.is_empty() && crate::transport::audiosocket::peer_allowed(allowed, src.ip());
+        // Without sip.auth, the list is the only way in; with it, the
+        // others may authenticate.
+        if !allowed.is_empty() && !listed && matches!(self.auth, AuthState::Off) {
             self.counters.forbidden += 1;
             self.log_refusal(src, "not in sip.allowed_sources");
             self.respond(&req, &key, src, 403, None, &[], None, now);
@@ -215,6 +257,14 @@ impl Endpoint {
                 return;
             }
         };
+        let in_dialog = req.to.tag.is_some();
+        let mut caller = None;
+        if req.method == "INVITE" && !in_dialog && !listed {
+            match self.authenticate(&req, &key, src, now) {
+                Some(c) => caller = c,
+                None => return,
+            }
+        }
         if let Some(req_ext) = req.msg.header("Require") {
             // moshid supports no extension that a caller may require.
             let unsupported = format!("Unsupported: {req_ext}");
@@ -223,10 +273,9 @@ impl Endpoint {
                 return;
             }
         }
-        let in_dialog = req.to.tag.is_some();
         match req.method.as_str() {
             "INVITE" if in_dialog => self.on_reinvite(req, &key, src, now),
-            "INVITE" => self.on_invite(req, uri, &key, src, now),
+            "INVITE" => self.on_invite(req, uri, &key, src, caller, now),
             "BYE" => self.on_bye(&req, &key, src, now),
             "CANCEL" => self.on_cancel(&req, &key, src, now),
             "OPTIONS" => {
@@ -242,6 +291,56 @@ impl Endpoint {
                 let code = if in_dialog { 501 } else { 405 };
                 let allow = format!("Allow: {ALLOW}");
                 self.respond(&req, &key, src, code, None, &[allow], None, now);
+            }
+        }
+    }
+
+    /// Checks the credentials of a dialog-creating INVITE: `Some(caller)`
+    /// to go on (`Some(None)` without `sip.auth`), `None` when it was
+    /// answered (401, 400 or 500).
+    fn authenticate(
+        &mut self,
+        req: &Request,
+        key: &str,
+        src: SocketAddr,
+        now: Instant,
+    ) -> Option<Option<String>> {
+        let verdict = match &mut self.auth {
+            AuthState::Off => return Some(None),
+            AuthState::Broken => {
+                let w = warning("digest authentication is unavailable (no random source)");
+                self.respond(req, key, src, 500, None, &[w], None, now);
+                return None;
+            }
+            AuthState::On(a) => a.verify(req, now),
+        };
+        match verdict {
+            Verdict::Caller(user) => {
+                self.counters.authenticated += 1;
+                Some(Some(user))
+            }
+            Verdict::Challenge { stale, why } => {
+                self.counters.challenged += 1;
+                let mut extra = match &mut self.auth {
+                    AuthState::On(a) => a.challenge(stale, now),
+                    _ => Vec::new(),
+                };
+                // A first INVITE without credentials is the normal start of
+                // an authenticated call, not a refusal worth a log line.
+                if req.msg.header("Authorization").is_some() {
+                    self.log_refusal(src, &format!("digest authentication: {why}"));
+                    extra.push(warning(&why));
+                }
+                let tag = self.ids.tag();
+                self.respond(req, key, src, 401, Some(&tag), &extra, None, now);
+                None
+            }
+            Verdict::Malformed(why) => {
+                self.counters.malformed += 1;
+                self.log_refusal(src, &why);
+                let w = warning(&why);
+                self.respond(req, key, src, 400, None, &[w], None, now);
+                None
             }
         }
     }
@@ -292,6 +391,7 @@ impl Endpoint {
         uri: super::uri::SipUri,
         key: &str,
         src: SocketAddr,
+        caller: Option<String>,
         now: Instant,
     ) {
         self.respond(&req, key, src, 100, None, &[], None, now);
@@ -444,7 +544,7 @@ impl Endpoint {
             tx.call = Some(ck.clone());
         }
         eprintln!(
-            "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={}",
+            "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller={}",
             call.call_id,
             call.session.id,
             src,
@@ -453,7 +553,8 @@ impl Endpoint {
             call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
             call.choice.ptime_ms,
             media,
-            call.offer.remote.map_or("-".to_string(), |r| r.to_string())
+            call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
+            caller.as_deref().unwrap_or("-")
         );
         self.calls.insert(ck.clone(), call);
         let contact = self.contact();
@@ -513,7 +614,10 @@ impl Endpoint {
         // CANCEL matches the INVITE's transaction (same branch, method INVITE).
         let mut invite_req = req.clone();
         invite_req.method = "INVITE".into();
-        let invite_key = transaction::key(&invite_req);
+        let invite_key = transaction::key(&invite_req, src);
+        // The key holds the source: only the INVITE's own peer may cancel
+        // it (a call may have been admitted by its source or its
+        // credentials, which a CANCEL, never challenged, does not bring).
         let target = self
             .txs
             .get_mut(&invite_key)

@@ -14,25 +14,36 @@
 //! the `sdp-types` parser), [`params`] (a call's session parameters),
 //! [`build`] (responses and in-dialog requests), [`transaction`] (server
 //! transactions and their timers), [`call`] (a dialog), [`endpoint`] (the
-//! requests' handling), [`udp`] (the socket and its tasks).
+//! requests' handling), [`udp`] (the socket and its tasks); digest
+//! authentication in [`auth`] (the verdicts), [`auth_header`] (the
+//! `Authorization` header), [`digest`] (MD5 and SHA-256 responses) and
+//! [`nonce`] (signed nonces, the replay table).
 //!
 //! Parsing: SDP goes through `sdp-types` (a maintained RFC 8866 parser and
 //! writer). SIP itself is parsed here: the crates looked at were either
 //! unmaintained (`rsip` 0.4, last released 2022, no licence in its
 //! metadata) or a whole stack with its own string types and transaction
 //! layer (`ezk-sip-types`), while the endpoint needs the message grammar
-//! only, bounded by its own limits. Both parsers are fuzzed
-//! (`fuzz/fuzz_targets/sip_message.rs`, `sdp_offer.rs`) and have tables of
-//! malformed cases in their tests.
+//! only, bounded by its own limits. The parsers are fuzzed
+//! (`fuzz/fuzz_targets/sip_message.rs`, `sdp_offer.rs`,
+//! `sip_auth_header.rs`) and have tables of malformed cases in their tests.
 //!
-//! Who may call: on loopback anyone; elsewhere `sip.allowed_sources` is
-//! required at start, and other sources get 403.
+//! Who may call: a source in `sip.allowed_sources` (when it is set) with
+//! no credentials; with `sip.auth`, any other source whose INVITE answers
+//! a digest challenge (on loopback too); with neither, anyone, which is
+//! accepted only on loopback. Off loopback one of the two is required at
+//! start. A source neither listed nor authenticated gets 403 (no
+//! `sip.auth`) or 401 (with it).
 
+pub mod auth;
+pub mod auth_header;
 pub mod build;
 pub mod call;
 pub mod config;
+pub mod digest;
 pub mod endpoint;
 pub mod message;
+pub mod nonce;
 pub mod params;
 pub mod sdp;
 pub mod transaction;

@@ -4,9 +4,14 @@
 //! A transaction is keyed by the topmost Via's branch and sent-by and the
 //! method (ACK matches its INVITE; CANCEL has its own, RFC 3261 §17.2.3),
 //! or, for an RFC 2543 peer without the magic cookie, by Call-ID, CSeq,
-//! From tag and method. It keeps the last response it sent: a retransmitted
-//! request gets that response again. An INVITE's non-2xx final response is
-//! retransmitted from T1, doubling up to T2, until the ACK (timer G) or
+//! From tag and method — and, stricter than §17.2.3, by the source address
+//! the request came from: the branch is no secret, so without it another
+//! source could send a request with a victim's branch first and have the
+//! victim's own (an unchallenged CANCEL, say) absorbed as its
+//! retransmission, answered to the other source. It keeps the last
+//! response it sent: a retransmitted request gets that response again. An
+//! INVITE's non-2xx final response is retransmitted from T1, doubling up
+//! to T2, until the ACK (timer G) or
 //! 64·T1 (timer H); every other transaction is forgotten 64·T1 after its
 //! final response (timers I/J; an INVITE answered 2xx stays that long too,
 //! RFC 6026 "Accepted", to absorb retransmitted INVITEs).
@@ -35,18 +40,18 @@ impl Timers {
     }
 }
 
-/// The key of the transaction `req` belongs to.
-pub fn key(req: &Request) -> String {
+/// The key of the transaction `req`, received from `src`, belongs to.
+pub fn key(req: &Request, src: SocketAddr) -> String {
     let method = if req.method == "ACK" {
         "INVITE"
     } else {
         req.method.as_str()
     };
     if req.via.branch.starts_with("z9hG4bK") {
-        format!("{}|{}|{method}", req.via.branch, req.via.sent_by)
+        format!("{}|{}|{method}|{src}", req.via.branch, req.via.sent_by)
     } else {
         format!(
-            "2543|{}|{}|{}|{method}",
+            "2543|{}|{}|{}|{method}|{src}",
             req.call_id,
             req.cseq,
             req.from.tag.as_deref().unwrap_or("")
