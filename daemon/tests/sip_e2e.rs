@@ -595,18 +595,27 @@ fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, 
     );
     let dir = d.temp_dir().join("baresip");
     std::fs::create_dir_all(&dir).unwrap();
-    // 4 s of a 440 Hz tone at 8 kHz, 16-bit mono.
+    // 4 s of a 440 Hz tone, 16-bit, at the codec's rate and channels:
+    // baresip's aufile source does not convert (with an 8 kHz mono file and
+    // Opus's 48 kHz stereo it fails with "No such device" and sends no RTP).
+    let (rate, channels) = if codec == "opus" {
+        (48_000, 2)
+    } else {
+        (8000, 1)
+    };
     let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 8000,
+        channels,
+        sample_rate: rate,
         bits_per_sample: 16,
         sample_format: hound::SampleFormat::Int,
     };
     let input = dir.join("in.wav");
     let mut w = hound::WavWriter::create(&input, spec).unwrap();
-    for i in 0..8000 * 4 {
-        let x = (2.0 * std::f32::consts::PI * 440.0 * i as f32 / 8000.0).sin() * 8000.0;
-        w.write_sample(x as i16).unwrap();
+    for i in 0..rate * 4 {
+        let x = (2.0 * std::f32::consts::PI * 440.0 * i as f32 / rate as f32).sin() * 8000.0;
+        for _ in 0..channels {
+            w.write_sample(x as i16).unwrap();
+        }
     }
     w.finalize().unwrap();
     let config = format!(
@@ -659,6 +668,7 @@ fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, 
         });
     let r = hound::WavReader::open(&heard).expect("baresip's recording");
     let rate = r.spec().sample_rate;
+    let heard_channels = r.spec().channels as usize;
     let samples: Vec<i16> = r.into_samples::<i16>().map(Result::unwrap).collect();
     let rms = (samples.iter().map(|&s| (s as f64).powi(2)).sum::<f64>()
         / samples.len().max(1) as f64)
@@ -666,12 +676,14 @@ fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, 
     println!(
         "baresip heard {} samples at {rate} Hz ({:.1} s), rms {rms:.1}",
         samples.len(),
-        samples.len() as f64 / rate as f64
+        samples.len() as f64 / rate as f64 / heard_channels.max(1) as f64
     );
     let start = wait_lines(&d, &["sip call start"], 1).remove(0);
     println!("{start}");
     assert!(start.contains(&format!("codec={codec}")), "{start}");
-    (samples.len() / (rate as usize / 8000).max(1), rtp, start)
+    // In 8 kHz mono samples.
+    let per_8k = (rate as usize / 8000).max(1) * heard_channels.max(1);
+    (samples.len() / per_8k, rtp, start)
 }
 
 #[test]
@@ -681,6 +693,17 @@ fn baresip_calls_with_pcmu() {
     }
     let (heard, rtp, _) = baresip_call("PCMU", "", "sip:baresip@127.0.0.1;regint=0");
     // baresip plays 4 s: moshid received and answered at least 2 s of it.
+    assert!(field(&rtp, "received") >= 100, "{rtp}");
+    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
+}
+
+#[test]
+fn baresip_calls_with_opus() {
+    if !need("baresip") || !inside_netns("baresip_calls_with_opus") {
+        return;
+    }
+    let (heard, rtp, _) = baresip_call("opus", "", "sip:baresip@127.0.0.1;regint=0");
     assert!(field(&rtp, "received") >= 100, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
