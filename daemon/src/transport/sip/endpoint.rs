@@ -209,7 +209,8 @@ impl Endpoint {
     ) -> Option<Vec<u8>> {
         self.counters.malformed += 1;
         self.log_refusal(src, why);
-        let req = message::parse_request(head).ok().flatten()?;
+        let head = super::framing::without_content_length(head);
+        let req = message::parse_request(&head).ok().flatten()?;
         if req.method == "ACK" {
             return None;
         }

@@ -15,7 +15,7 @@
 //! read). Nothing here panics on any input (fuzzed:
 //! `fuzz/fuzz_targets/sip_tcp_framing.rs`).
 
-/// What [`Framer::next`] found.
+/// What [`Framer::next_frame`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// One whole message (head and body).
@@ -109,6 +109,25 @@ fn content_length(head: &[u8]) -> Result<Option<usize>, &'static str> {
     Ok(found)
 }
 
+/// `head` without its `Content-Length` lines: what a 513 is built from
+/// (the message parser would refuse a head whose body is missing).
+pub fn without_content_length(head: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len());
+    for line in head.split_inclusive(|&b| b == b'\n') {
+        let name = line
+            .iter()
+            .position(|&b| b == b':')
+            .map(|c| line[..c].trim_ascii());
+        let length = name.is_some_and(|n| {
+            n.eq_ignore_ascii_case(b"content-length") || n.eq_ignore_ascii_case(b"l")
+        });
+        if !length {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
 impl Framer {
     /// A framer for messages of at most `max_bytes` (head and body).
     pub fn new(max_bytes: usize) -> Framer {
@@ -158,7 +177,7 @@ impl Framer {
 
     /// The next frame in what was read: `Ok(None)` while more bytes are
     /// needed. After an error, every call returns that it failed.
-    pub fn next(&mut self) -> Result<Option<Frame>, FrameError> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         if self.failed {
             return Err(FrameError::TooLarge { head: None });
         }
@@ -238,7 +257,7 @@ mod tests {
 
     fn all(f: &mut Framer) -> Vec<Frame> {
         let mut out = Vec::new();
-        while let Ok(Some(fr)) = f.next() {
+        while let Ok(Some(fr)) = f.next_frame() {
             out.push(fr);
         }
         out
@@ -270,7 +289,7 @@ mod tests {
         // the start of a ping, and then it is skipped.
         assert_eq!(f.buffered(), 2);
         f.push(b"OPT");
-        assert_eq!(f.next(), Ok(None));
+        assert_eq!(f.next_frame(), Ok(None));
         assert_eq!(f.buffered(), 3);
     }
 
@@ -279,10 +298,10 @@ mod tests {
         let mut f = Framer::new(4096);
         for b in b"\r\n\r" {
             f.push(std::slice::from_ref(b));
-            assert_eq!(f.next(), Ok(None));
+            assert_eq!(f.next_frame(), Ok(None));
         }
         f.push(b"\n");
-        assert_eq!(f.next(), Ok(Some(Frame::Ping)));
+        assert_eq!(f.next_frame(), Ok(Some(Frame::Ping)));
     }
 
     #[test]
@@ -290,9 +309,12 @@ mod tests {
         let msg = "BYE sip:a SIP/2.0\nl: 10\n\n0123456789";
         let mut f = Framer::new(4096);
         f.push(&msg.as_bytes()[..25]);
-        assert_eq!(f.next(), Ok(None));
+        assert_eq!(f.next_frame(), Ok(None));
         f.push(&msg.as_bytes()[25..]);
-        assert_eq!(f.next(), Ok(Some(Frame::Message(msg.as_bytes().to_vec()))));
+        assert_eq!(
+            f.next_frame(),
+            Ok(Some(Frame::Message(msg.as_bytes().to_vec())))
+        );
     }
 
     #[test]
@@ -307,14 +329,14 @@ mod tests {
         ] {
             let mut f = Framer::new(4096);
             f.push(msg.as_bytes());
-            match f.next() {
+            match f.next_frame() {
                 Err(FrameError::NoContentLength { head, why: w }) => {
                     assert!(w.contains(why), "{msg:?}: {w}");
                     assert!(head.ends_with(b"\r\n\r\n"));
                 }
                 other => panic!("{msg:?}: {other:?}"),
             }
-            assert!(f.next().is_err(), "a failed framer stays failed");
+            assert!(f.next_frame().is_err(), "a failed framer stays failed");
         }
     }
 
@@ -324,7 +346,7 @@ mod tests {
         let mut f = Framer::new(200);
         f.push(b"INVITE sip:a SIP/2.0\r\nContent-Length: 500\r\n\r\n");
         assert!(matches!(
-            f.next(),
+            f.next_frame(),
             Err(FrameError::TooLarge { head: Some(_) })
         ));
         // A head that never ends.
@@ -332,7 +354,7 @@ mod tests {
         let mut failed = false;
         for _ in 0..100 {
             f.push(b"X-Long: aaaaaaaa\r\n");
-            if let Err(e) = f.next() {
+            if let Err(e) = f.next_frame() {
                 assert_eq!(e, FrameError::TooLarge { head: None });
                 failed = true;
                 break;
@@ -344,22 +366,34 @@ mod tests {
         let mut f = Framer::new(200);
         f.push(format!("A b SIP/2.0\r\nl: {}\r\n\r\n", usize::MAX).as_bytes());
         assert!(matches!(
-            f.next(),
+            f.next_frame(),
             Err(FrameError::TooLarge { head: Some(_) })
         ));
+    }
+
+    #[test]
+    fn a_head_without_its_length() {
+        let head = b"BYE sip:a SIP/2.0\r\nl: 9\r\nVia: x\r\nContent-Length:  50\r\n\r\n";
+        assert_eq!(
+            without_content_length(head),
+            b"BYE sip:a SIP/2.0\r\nVia: x\r\n\r\n"
+        );
     }
 
     #[test]
     fn garbage_waits_for_the_limit_or_a_head() {
         let mut f = Framer::new(1500);
         f.push(&[0xff, 0, 7, b'\r', 0x80]);
-        assert_eq!(f.next(), Ok(None));
+        assert_eq!(f.next_frame(), Ok(None));
         f.push(&vec![0u8; 1600]);
-        assert!(f.next().is_err());
+        assert!(f.next_frame().is_err());
         // Binary with an empty line: a "head" without Content-Length
         // (answered 400 if it parses as a request, which it does not).
         let mut f = Framer::new(1500);
         f.push(b"\x00\x01\r\n\r\n");
-        assert!(matches!(f.next(), Err(FrameError::NoContentLength { .. })));
+        assert!(matches!(
+            f.next_frame(),
+            Err(FrameError::NoContentLength { .. })
+        ));
     }
 }

@@ -275,7 +275,7 @@ impl Conn {
     async fn on_frames(&mut self, wire: &Wire, out: &LocalReceiver<Vec<u8>>) -> Result<bool, End> {
         let mut any = false;
         loop {
-            match self.framer.next() {
+            match self.framer.next_frame() {
                 Ok(None) => return Ok(any),
                 Ok(Some(Frame::Ping)) => self.write(PONG).await?,
                 Ok(Some(Frame::Message(m))) => {
