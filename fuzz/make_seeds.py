@@ -167,6 +167,13 @@ write("sip_message", "response", b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:
 write("sip_message", "compact", b"OPTIONS sip:h SIP/2.0\r\nv: SIP/2.0/TCP h, SIP/2.0/UDP g\r\nf: <sip:a@h>;tag=1\r\n"
       b"t: sip:b@h\r\ni: x\r\nCSeq: 1 OPTIONS\r\nl: 0\r\n\r\n")
 
+# sip_tcp_framing: the first byte is the read size (% 64 + 1), then a
+# stream: pipelined messages, keep-alives, a missing Content-Length.
+_opts = sip("OPTIONS")
+write("sip_tcp_framing", "pipelined", b"\x07" + b"\r\n\r\n" + _opts + b"\r\n" + _opts + sip("BYE", tag="abc"))
+write("sip_tcp_framing", "bytewise", b"\x00" + sip("INVITE", body=SDP["pcmu"]))
+write("sip_tcp_framing", "no_length", b"\x3f" + b"OPTIONS sip:h SIP/2.0\r\nVia: SIP/2.0/TCP h\r\n\r\n")
+
 # sip_auth_header: Authorization values as sipp, baresip and RFC 7616 write
 # them, and a few broken ones.
 AUTH = {

@@ -376,11 +376,17 @@ pub fn run(
         println!("audiosocket listening on {a}");
     }
     if let Some(a) = sip_addr {
+        let tcp = config.sip.max_tcp_connections > 0;
         eprintln!(
-            "<6>sip: listening on {a} (UDP, {} I/O core(s))",
+            "<6>sip: listening on {a} ({}, {} I/O core(s))",
+            if tcp { "UDP and TCP" } else { "UDP" },
             config.runtime.io_cores
         );
-        println!("sip listening on udp {a}");
+        if tcp {
+            println!("sip listening on udp {a} tcp {a}");
+        } else {
+            println!("sip listening on udp {a}");
+        }
     }
     if let Some(f) = hooks.on_ready.take() {
         f(addr);
@@ -490,6 +496,22 @@ fn spawn_core(
             let sip_local = sip
                 .as_ref()
                 .map(|s| s.local_addr().unwrap_or(sip_addr.expect("bound")));
+            // SIP over TCP: a listener per core on the UDP socket's port
+            // (port 0 resolved by the UDP bind).
+            let sip_tcp = match sip_local {
+                Some(a) if shared.config.sip.max_tcp_connections > 0 => {
+                    match crate::io::listener::bind(a, backlog) {
+                        Ok(l) => Some(l),
+                        Err(e) => {
+                            let _ = bound.send(Err(format!(
+                                "config key `sip.address`: I/O core {core} cannot listen on TCP {a}: {e}"
+                            )));
+                            return;
+                        }
+                    }
+                }
+                _ => None,
+            };
             let ctx = CoreContext::new(core, port, engine);
             let app = CoreApp::new(ctx.clone(), shared);
             let dispatcher = glommio::spawn_local(dispatch_loop(ctx.clone()));
@@ -498,7 +520,7 @@ fn spawn_core(
             });
             // SIP keeps serving while draining: calls end with BYEs.
             let _sip_task = sip.map(|s| {
-                glommio::spawn_local(crate::transport::sip::udp::serve(s, app.clone()))
+                glommio::spawn_local(crate::transport::sip::serve::serve(s, sip_tcp, app.clone()))
             });
             let acceptor = glommio::spawn_local(accept_loop(listener, app));
             let _ = bound.send(Ok((local, audiosocket_local, sip_local)));

@@ -587,6 +587,16 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
 /// records what it hears (its `sndfile` module dumps the decoded audio);
 /// returns (samples heard, moshid's RTP end line, its call start line).
 fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, String) {
+    baresip_call_to(codec, extra_sip, account, "")
+}
+
+/// [`baresip_call`], dialling `sip:moshi@ADDR` + `uri_params`.
+fn baresip_call_to(
+    codec: &str,
+    extra_sip: &str,
+    account: &str,
+    uri_params: &str,
+) -> (usize, String, String) {
     let sep = if extra_sip.is_empty() { "" } else { ", " };
     let (d, sip) = start(
         &format!(r#""codecs": ["{codec}"]{sep}{extra_sip}"#),
@@ -634,7 +644,7 @@ fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, 
         .args(["60", "baresip", "-v", "-f"])
         .arg(&dir)
         .args(["-e", &format!("/uanew {account}")])
-        .args(["-e", &format!("/dial sip:moshi@{sip}")])
+        .args(["-e", &format!("/dial sip:moshi@{sip}{uri_params}")])
         .args(["-t", "8"])
         .output()
         .expect("running baresip");
@@ -1186,4 +1196,513 @@ fn baresip_authenticates_with_md5() {
     assert!(field(&rtp, "received") >= 100, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
+}
+
+// ---- SIP over TCP (RFC 3261 §18) ----
+
+/// sipp over TCP: `-t t1` (every call on one connection) or `-t tn` (a
+/// connection per call).
+const T1: &[&str] = &["-t", "t1"];
+const TN: &[&str] = &["-t", "tn", "-max_socket", "100"];
+
+/// A sipp call with PCMU both ways over TCP; `calls` at once.
+fn tcp_calls(mode: &[&str], calls: u32) {
+    let (d, sip) = start("", "", &["--max-slots", "32"]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    sipp_with(
+        d.temp_dir(),
+        sip,
+        "basic_call",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "3000".into()),
+        ],
+        calls,
+        calls,
+        mode,
+    )
+    .assert_ok(&format!("basic_call over TCP ({mode:?})"));
+    let starts = wait_lines(&d, &["sip call start"], calls as usize);
+    println!("{}", starts[0]);
+    for s in &starts {
+        assert!(s.contains("from=tcp:127.0.0.1:"), "{s}");
+        assert!(s.contains("codec=PCMU pt=0"), "{s}");
+    }
+    let ends = wait_lines(&d, &["rtp session end", "codec=PCMU"], calls as usize);
+    for rtp in &ends {
+        println!("{rtp}");
+        // About 150 packets each way in 3 s; at least a second's worth.
+        assert!(field(rtp, "received") >= 50, "{rtp}");
+        assert!(field(rtp, "packets_sent") >= 50, "{rtp}");
+    }
+    assert_eq!(
+        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        calls as usize
+    );
+    let closes = wait_lines(&d, &["sip tcp close", "reason=peer_closed"], 1);
+    println!("{}", closes.join("\n"));
+}
+
+#[test]
+fn tcp_basic_call_with_rtp_both_ways() {
+    if !need("sipp") || !inside_netns("tcp_basic_call_with_rtp_both_ways") {
+        return;
+    }
+    tcp_calls(T1, 1);
+}
+
+#[test]
+fn tcp_calls_at_once_on_one_connection() {
+    if !need("sipp") || !inside_netns("tcp_calls_at_once_on_one_connection") {
+        return;
+    }
+    tcp_calls(T1, 6);
+}
+
+#[test]
+fn tcp_one_connection_per_call() {
+    if !need("sipp") || !inside_netns("tcp_one_connection_per_call") {
+        return;
+    }
+    tcp_calls(TN, 4);
+}
+
+#[test]
+fn tcp_cancel_and_options() {
+    if !need("sipp") || !inside_netns("tcp_cancel_and_options") {
+        return;
+    }
+    let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
+    sipp_with(d.temp_dir(), sip, "cancel", &[], 1, 1, T1).assert_ok("cancel over TCP");
+    let end = wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+    println!("{}", end[0]);
+    wait_lines(&d, &["rtp session end"], 1);
+    sipp_with(d.temp_dir(), sip, "options", &[], 3, 10, T1).assert_ok("options over TCP");
+    sipp_with(d.temp_dir(), sip, "options", &[], 3, 10, TN).assert_ok("options over TCP, tn");
+}
+
+#[test]
+fn tcp_moshid_hangs_up_over_the_connection() {
+    if !need("sipp") || !inside_netns("tcp_moshid_hangs_up_over_the_connection") {
+        return;
+    }
+    let (d, sip) = start("", r#""session": {"max_session_seconds": 2}"#, &[]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    sipp_with(
+        d.temp_dir(),
+        sip,
+        "bye_from_moshid",
+        &[("@AUDIO@", audio.display().to_string())],
+        1,
+        1,
+        T1,
+    )
+    .assert_ok("bye_from_moshid over TCP");
+    let end = wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    println!("{}", end[0]);
+}
+
+#[test]
+fn baresip_calls_over_tcp() {
+    if !need("baresip") || !inside_netns("baresip_calls_over_tcp") {
+        return;
+    }
+    let (heard, rtp, start) = baresip_call_to(
+        "PCMU",
+        "",
+        "sip:baresip@127.0.0.1;regint=0",
+        ";transport=tcp",
+    );
+    assert!(start.contains("from=tcp:127.0.0.1:"), "{start}");
+    assert!(field(&rtp, "received") >= 100, "{rtp}");
+    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
+}
+
+/// A raw SIP peer on a TCP connection.
+struct TcpPeer {
+    stream: std::net::TcpStream,
+    to: SocketAddr,
+    /// Bytes read and not yet returned.
+    buf: Vec<u8>,
+}
+
+impl TcpPeer {
+    fn connect(to: SocketAddr) -> TcpPeer {
+        let stream = std::net::TcpStream::connect(to).expect("connecting to moshid over TCP");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        TcpPeer {
+            stream,
+            to,
+            buf: Vec::new(),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.stream.local_addr().unwrap().port()
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Reads more; 0 at the end of the stream.
+    fn fill(&mut self) -> usize {
+        use std::io::Read;
+        let mut b = [0u8; 4096];
+        let n = self.stream.read(&mut b).expect("moshid answers in time");
+        self.buf.extend_from_slice(&b[..n]);
+        n
+    }
+
+    /// The next message moshid sent (framed by its Content-Length).
+    fn recv(&mut self) -> String {
+        loop {
+            let text = String::from_utf8_lossy(&self.buf).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len: usize = header(&text[..end], "Content-Length")
+                    .expect("moshid always sends Content-Length")
+                    .parse()
+                    .unwrap();
+                if self.buf.len() >= end + 4 + len {
+                    let m = String::from_utf8_lossy(&self.buf[..end + 4 + len]).into_owned();
+                    self.buf.drain(..end + 4 + len);
+                    return m;
+                }
+            }
+            assert!(self.fill() > 0, "connection closed; had {text:?}");
+        }
+    }
+
+    fn recv_status(&mut self) -> (u16, String) {
+        loop {
+            let m = self.recv();
+            if let Some(rest) = m.strip_prefix("SIP/2.0 ") {
+                return (rest[..3].parse().unwrap(), m);
+            }
+        }
+    }
+
+    /// Waits for moshid to close the connection (a reset counts: moshid
+    /// closing with bytes unread sends one); what came before.
+    fn closed(&mut self) -> String {
+        use std::io::Read;
+        let mut b = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => self.buf.extend_from_slice(&b[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("waiting for moshid to close: {e}"),
+            }
+        }
+        String::from_utf8_lossy(&std::mem::take(&mut self.buf)).into_owned()
+    }
+
+    fn options(&self, branch: &str) -> String {
+        let port = self.port();
+        format!(
+            "OPTIONS sip:moshi@{to} SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:{port};branch={branch}\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: <sip:moshi@{to}>\r\nCall-ID: {branch}\r\n\
+             CSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n",
+            to = self.to
+        )
+    }
+
+    fn invite(&self, call: &str, branch: &str) -> String {
+        let port = self.port();
+        format!(
+            "INVITE sip:moshi@{to} SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:{port};branch={branch}\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: <sip:moshi@{to}>\r\nCall-ID: {call}\r\n\
+             CSeq: 1 INVITE\r\nContact: <sip:raw@127.0.0.1:{port};transport=tcp>\r\nMax-Forwards: 70\r\n\
+             Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{RAW_SDP}",
+            RAW_SDP.len(),
+            to = self.to
+        )
+    }
+
+    fn in_dialog(&self, method: &str, call: &str, to: &str, cseq: u32, branch: &str) -> String {
+        let port = self.port();
+        format!(
+            "{method} sip:moshid@{sip} SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:{port};branch={branch}\r\n\
+             From: <sip:raw@127.0.0.1:{port}>;tag=raw1\r\nTo: {to}\r\nCall-ID: {call}\r\n\
+             CSeq: {cseq} {method}\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n",
+            sip = self.to
+        )
+    }
+}
+
+#[test]
+fn tcp_framing_edge_cases() {
+    if !inside_netns("tcp_framing_edge_cases") {
+        return;
+    }
+    let (d, sip) = start(r#""max_message_bytes": 2000"#, "", &[]);
+    let mut p = TcpPeer::connect(sip);
+    // Two messages in one write: two answers, in order.
+    let two = p.options("z9hG4bK-two-1") + &p.options("z9hG4bK-two-2");
+    p.write(two.as_bytes());
+    for branch in ["z9hG4bK-two-1", "z9hG4bK-two-2"] {
+        let (code, m) = p.recv_status();
+        assert_eq!(code, 200, "{m}");
+        assert!(header(&m, "Via").unwrap().contains(branch), "{m}");
+    }
+    // A message split byte by byte.
+    for b in p.options("z9hG4bK-bytes").as_bytes() {
+        p.write(std::slice::from_ref(b));
+    }
+    let (code, m) = p.recv_status();
+    assert_eq!(code, 200, "{m}");
+    assert!(header(&m, "Via").unwrap().contains("z9hG4bK-bytes"));
+    // An RFC 5626 ping gets a pong (and only that).
+    p.write(b"\r\n\r\n");
+    p.fill();
+    assert_eq!(p.buf, b"\r\n", "a double CRLF is answered with one CRLF");
+    p.buf.clear();
+    // No Content-Length: 400, then the connection is closed.
+    let no_length = p
+        .options("z9hG4bK-nolen")
+        .replace("Content-Length: 0\r\n", "");
+    p.write(no_length.as_bytes());
+    let (code, m) = p.recv_status();
+    assert_eq!(code, 400, "{m}");
+    assert!(m.contains("Content-Length is required"), "{m}");
+    assert_eq!(p.closed(), "", "closed after the 400");
+    // Over sip.max_message_bytes with a readable head: 513, then closed.
+    let mut p = TcpPeer::connect(sip);
+    let big = p
+        .options("z9hG4bK-big")
+        .replace("Content-Length: 0", "Content-Length: 5000");
+    p.write(big.as_bytes());
+    let (code, m) = p.recv_status();
+    assert_eq!(code, 513, "{m}");
+    assert_eq!(p.closed(), "", "closed after the 513");
+    // A head that never ends: closed without an answer.
+    let mut p = TcpPeer::connect(sip);
+    p.write(b"OPTIONS sip:moshi@127.0.0.1 SIP/2.0\r\n");
+    for _ in 0..200 {
+        if p.stream
+            .write_all_ok(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaa\r\n")
+            .is_err()
+        {
+            break;
+        }
+    }
+    assert_eq!(
+        p.closed(),
+        "",
+        "an endless head is closed without an answer"
+    );
+    // Garbage: closed without an answer.
+    let mut p = TcpPeer::connect(sip);
+    p.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n");
+    assert_eq!(p.closed(), "");
+    let closes = wait_lines(&d, &["sip tcp close", "reason=stream_fault"], 4);
+    println!("{}", closes.join("\n"));
+    // The daemon still serves TCP.
+    let mut p = TcpPeer::connect(sip);
+    p.write(p.options("z9hG4bK-after").as_bytes());
+    assert_eq!(p.recv_status().0, 200);
+}
+
+/// `write_all` that reports a closed connection instead of panicking.
+trait WriteAllOk {
+    fn write_all_ok(&mut self, b: &[u8]) -> std::io::Result<()>;
+}
+
+impl WriteAllOk for std::net::TcpStream {
+    fn write_all_ok(&mut self, b: &[u8]) -> std::io::Result<()> {
+        std::io::Write::write_all(self, b)
+    }
+}
+
+#[test]
+fn tcp_dialog_over_the_connection_and_its_close() {
+    if !inside_netns("tcp_dialog_over_the_connection_and_its_close") {
+        return;
+    }
+    let (d, sip) = start(
+        r#""t1_ms": 100"#,
+        r#""session": {"max_session_seconds": 2}"#,
+        &[],
+    );
+    let mut p = TcpPeer::connect(sip);
+    // Call 1: moshid hangs up at max_session_seconds, over the connection.
+    p.write(p.invite("tcp-1", "z9hG4bK-tcp-1").as_bytes());
+    let ok = loop {
+        let (code, m) = p.recv_status();
+        if code == 200 {
+            break m;
+        }
+    };
+    let contact = header(&ok, "Contact").unwrap();
+    assert!(contact.ends_with(";transport=tcp>"), "{contact}");
+    // The 2xx is retransmitted until the ACK over TCP too (§13.3.1.4).
+    let (code, again) = p.recv_status();
+    assert_eq!((code, &again), (200, &ok), "the same 200 again");
+    let to = header(&ok, "To").unwrap().to_string();
+    p.write(
+        p.in_dialog("ACK", "tcp-1", &to, 1, "z9hG4bK-tcp-1-ack")
+            .as_bytes(),
+    );
+    let bye = loop {
+        let m = p.recv();
+        if m.starts_with("BYE ") {
+            break m;
+        }
+    };
+    println!("{bye}");
+    let via = header(&bye, "Via").unwrap();
+    assert!(via.starts_with("SIP/2.0/TCP "), "{via}");
+    let ok_bye = format!(
+        "SIP/2.0 200 OK\r\nVia: {via}\r\nFrom: {}\r\nTo: {}\r\nCall-ID: tcp-1\r\nCSeq: {}\r\nContent-Length: 0\r\n\r\n",
+        header(&bye, "From").unwrap(),
+        header(&bye, "To").unwrap(),
+        header(&bye, "CSeq").unwrap()
+    );
+    p.write(ok_bye.as_bytes());
+    wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    // Call 2 on the same connection: the connection closes mid-call, the
+    // call ends with it.
+    let (d2, sip2) = start("", "", &[]);
+    let mut p = TcpPeer::connect(sip2);
+    p.write(p.invite("tcp-2", "z9hG4bK-tcp-2").as_bytes());
+    let ok = loop {
+        let (code, m) = p.recv_status();
+        if code == 200 {
+            break m;
+        }
+    };
+    let to = header(&ok, "To").unwrap().to_string();
+    p.write(
+        p.in_dialog("ACK", "tcp-2", &to, 1, "z9hG4bK-tcp-2-ack")
+            .as_bytes(),
+    );
+    wait_lines(&d2, &["sip call start", "call_id=tcp-2"], 1);
+    drop(p);
+    let end = wait_lines(&d2, &["sip call end", "reason=sip_connection_closed"], 1);
+    println!("{}", end[0]);
+    wait_lines(&d2, &["rtp session end"], 1);
+    drop(d);
+}
+
+#[test]
+fn tcp_idle_connections_close_and_pings_keep_them() {
+    if !inside_netns("tcp_idle_connections_close_and_pings_keep_them") {
+        return;
+    }
+    let (d, sip) = start(r#""tcp_idle_timeout_ms": 1000"#, "", &[]);
+    let mut p = TcpPeer::connect(sip);
+    p.write(p.options("z9hG4bK-idle").as_bytes());
+    assert_eq!(p.recv_status().0, 200);
+    // Pings for three idle timeouts keep it open: each gets its pong.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(300));
+        p.write(b"\r\n\r\n");
+        while p.buf.len() < 2 {
+            assert!(p.fill() > 0, "closed while pinging");
+        }
+        assert_eq!(p.buf.drain(..2).as_slice(), b"\r\n");
+    }
+    // Then silence: closed.
+    let t = Instant::now();
+    assert_eq!(p.closed(), "");
+    println!(
+        "closed {:.1} s after the last ping",
+        t.elapsed().as_secs_f64()
+    );
+    wait_lines(&d, &["sip tcp close", "reason=idle_timeout"], 1);
+}
+
+#[test]
+fn tcp_connection_limit() {
+    if !inside_netns("tcp_connection_limit") {
+        return;
+    }
+    let (d, sip) = start(r#""max_tcp_connections": 2"#, "", &["--io-cores", "1"]);
+    let mut a = TcpPeer::connect(sip);
+    let mut b = TcpPeer::connect(sip);
+    a.write(a.options("z9hG4bK-lim-a").as_bytes());
+    b.write(b.options("z9hG4bK-lim-b").as_bytes());
+    assert_eq!(a.recv_status().0, 200);
+    assert_eq!(b.recv_status().0, 200);
+    let mut c = TcpPeer::connect(sip);
+    assert_eq!(c.closed(), "", "a third connection is closed at once");
+    drop(a);
+    // Its place comes back.
+    let deadline = Instant::now() + LOG_WAIT;
+    loop {
+        let mut e = TcpPeer::connect(sip);
+        if e.stream
+            .write_all_ok(e.options("z9hG4bK-lim-e").as_bytes())
+            .is_ok()
+        {
+            use std::io::Read;
+            let mut one = [0u8; 1];
+            if matches!(e.stream.read(&mut one), Ok(1)) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no place came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(d);
+}
+
+#[test]
+fn bad_tcp_clients_beside_a_udp_call() {
+    if !need("sipp") || !inside_netns("bad_tcp_clients_beside_a_udp_call") {
+        return;
+    }
+    let (d, sip) = start(r#""max_tcp_connections": 8"#, "", &[]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    let dir = d.temp_dir().to_path_buf();
+    let call = std::thread::spawn(move || {
+        sipp(
+            &dir,
+            sip,
+            "basic_call",
+            &[
+                ("@AUDIO@", audio.display().to_string()),
+                ("@PAUSE_MS@", "4000".into()),
+            ],
+            1,
+            1,
+        )
+    });
+    wait_lines(&d, &["sip call start"], 1);
+    // While it runs: connections beyond the limit, garbage, endless heads,
+    // missing Content-Length, oversized messages, silent connections.
+    let mut silent: Vec<std::net::TcpStream> = Vec::new();
+    for i in 0..40 {
+        let Ok(mut s) = std::net::TcpStream::connect(sip) else {
+            continue;
+        };
+        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+        let junk: Vec<u8> = match i % 4 {
+            0 => (0..3000u32).map(|x| (x * 7 + 3) as u8).collect(),
+            1 => b"INVITE sip:moshi@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TCP x\r\n\r\n".to_vec(),
+            2 => b"INVITE sip:m@h SIP/2.0\r\nContent-Length: 999999\r\n\r\n".to_vec(),
+            _ => {
+                silent.push(s);
+                continue;
+            }
+        };
+        let _ = s.write_all_ok(&junk);
+    }
+    let run = call.join().unwrap();
+    run.assert_ok("the UDP call beside bad TCP clients");
+    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    println!("{}", rtp[0]);
+    assert!(field(&rtp[0], "received") >= 100, "{}", rtp[0]);
+    assert!(field(&rtp[0], "packets_sent") >= 100, "{}", rtp[0]);
+    assert_eq!(
+        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        1
+    );
+    println!("tcp closes: {}", lines(&d, &["sip tcp close"]).len());
+    drop(silent);
 }

@@ -223,7 +223,9 @@ impl Daemon {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
+                    // `sip listening on udp ADDR [tcp ADDR]`: the same address.
                     if let Some(a) = line.trim().strip_prefix("sip listening on udp ") {
+                        let a = a.split_whitespace().next().unwrap_or("");
                         daemon.sip = Some(a.parse().unwrap_or_else(|e| {
                             panic!("bad SIP address in {line:?}: {e}")
                         }));

@@ -84,6 +84,7 @@ pub fn reason(code: u16) -> &'static str {
         500 => "Server Internal Error",
         501 => "Not Implemented",
         503 => "Service Unavailable",
+        513 => "Message Too Large",
         _ => "Unknown",
     }
 }

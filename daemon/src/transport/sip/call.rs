@@ -6,10 +6,14 @@
 //! a CANCEL gets 487) → `Answered` (200 sent and retransmitted, T1
 //! doubling up to T2, until the ACK; 64·T1 without one ends the call with a
 //! BYE) → `Confirmed` → `Ending` (moshid's BYE sent and retransmitted until
-//! answered or 64·T1). A BYE from the peer, a CANCEL, or the end of the
-//! RTP session (`session.max_session_seconds`, RTP inactivity, shutdown)
-//! take it out; whatever ends it, its RTP session is asked to stop.
+//! answered or 64·T1; over TCP sent once, RFC 3261 §17.1.2.2). A BYE
+//! from the peer, a CANCEL, the end of the RTP session
+//! (`session.max_session_seconds`, RTP inactivity, shutdown), or, over
+//! TCP, the close of the connection the call came on (reason
+//! `sip_connection_closed`: moshid opens no connections, so it could
+//! neither hang up nor hear a BYE) take it out; whatever ends it, its RTP session is asked to stop.
 
+use super::peer::Peer;
 use super::sdp::{Choice, Offer};
 use super::transaction::Backoff;
 use crate::transport::rtp::state::SessionHandle;
@@ -42,7 +46,7 @@ pub enum CallState {
         bye: Vec<u8>,
         /// Its branch (matches the answer).
         branch: String,
-        /// Its schedule (timer E).
+        /// Its schedule (timer E; not used over TCP).
         resend: Backoff,
         /// When to stop trying (timer F).
         give_up_at: Instant,
@@ -63,8 +67,9 @@ pub struct Call {
     pub remote_target: String,
     /// Record-Route of the INVITE (our route set, in order).
     pub route: Vec<String>,
-    /// Where the peer's messages came from (responses and requests go there).
-    pub peer: SocketAddr,
+    /// Where the peer's messages came from: responses and requests go
+    /// there (over UDP) or over that connection (over TCP).
+    pub peer: Peer,
     /// The highest CSeq seen from the peer.
     pub remote_cseq: u32,
     /// Our CSeq (requests we send).

@@ -1,7 +1,7 @@
 //! `sip.*`: the SIP endpoint's configuration and its checks.
 //!
 //! Every table the endpoint keeps is bounded here (dialogs, transactions,
-//! message size, digest nonces); the timers are RFC 3261's (T1, T2,
+//! message size, TCP connections and their idle time, digest nonces); the timers are RFC 3261's (T1, T2,
 //! 64·T1). Off loopback a caller must be vouched for: `allowed_sources`
 //! must list the trunks' and PBXs' addresses, or `auth` must hold digest
 //! credentials, or both (the endpoint refuses to start otherwise, as
@@ -20,8 +20,8 @@ pub const DEFAULT_CODECS: [&str; 4] = ["opus", "PCMU", "PCMA", "L16"];
 pub struct SipConfig {
     /// Whether the endpoint runs.
     pub enabled: bool,
-    /// Where it listens (UDP); every I/O core binds it (`SO_REUSEPORT`).
-    /// Port 0 picks one.
+    /// Where it listens, over UDP and TCP (the same port); every I/O core
+    /// binds it (`SO_REUSEPORT`). Port 0 picks one.
     pub address: SocketAddr,
     /// Source addresses allowed to call; empty: anyone who can reach the
     /// listener, which is accepted only on loopback.
@@ -33,6 +33,14 @@ pub struct SipConfig {
     pub max_transactions: usize,
     /// Largest SIP message accepted, in bytes (UDP datagram or TCP message).
     pub max_message_bytes: usize,
+    /// TCP connections open at once per I/O core; beyond, a new connection
+    /// is closed at once. 0: no TCP listener (UDP only).
+    pub max_tcp_connections: usize,
+    /// A TCP connection with no call and nothing received (messages and
+    /// RFC 5626 CRLF keep-alives count) for this long is closed, in
+    /// milliseconds. A connection that carries a call is not closed for
+    /// idleness.
+    pub tcp_idle_timeout_ms: u64,
     /// Codecs in order of preference (`opus`, `PCMU`, `PCMA`, `L16`); the
     /// answer picks the first one the offer has.
     pub codecs: Vec<String>,
@@ -168,6 +176,8 @@ impl Default for SipConfig {
             max_dialogs: 256,
             max_transactions: 1024,
             max_message_bytes: 16_384,
+            max_tcp_connections: 256,
+            tcp_idle_timeout_ms: 300_000,
             codecs: DEFAULT_CODECS.iter().map(|c| c.to_string()).collect(),
             ptime_ms: 20,
             dtmf: true,
@@ -200,6 +210,18 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
         return Err((
             "sip.max_message_bytes",
             "must be between 1500 and 65507 (the largest UDP payload)".into(),
+        ));
+    }
+    if c.max_tcp_connections > 65_536 {
+        return Err((
+            "sip.max_tcp_connections",
+            "must be at most 65536 (0: no TCP)".into(),
+        ));
+    }
+    if !(1_000..=3_600_000).contains(&c.tcp_idle_timeout_ms) {
+        return Err((
+            "sip.tcp_idle_timeout_ms",
+            "must be between 1000 and 3600000".into(),
         ));
     }
     if c.codecs.is_empty() {
@@ -285,6 +307,15 @@ mod tests {
         assert_eq!(
             check(r#"{"max_message_bytes": 100}"#),
             Err("sip.max_message_bytes")
+        );
+        assert_eq!(
+            check(r#"{"max_tcp_connections": 100000}"#),
+            Err("sip.max_tcp_connections")
+        );
+        assert_eq!(check(r#"{"max_tcp_connections": 0}"#), Ok(()));
+        assert_eq!(
+            check(r#"{"tcp_idle_timeout_ms": 10}"#),
+            Err("sip.tcp_idle_timeout_ms")
         );
         assert_eq!(check(r#"{"codecs": ["G729"]}"#), Err("sip.codecs"));
         assert_eq!(check(r#"{"codecs": ["pcmu", "PCMU"]}"#), Err("sip.codecs"));

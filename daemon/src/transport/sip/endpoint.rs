@@ -1,7 +1,15 @@
 //! The SIP endpoint of one I/O core: requests in, responses and requests
 //! out, transactions and calls kept here (single-threaded; every I/O core
-//! has its own, over its own `SO_REUSEPORT` socket, and a peer's datagrams
-//! always reach the same core).
+//! has its own, over its own `SO_REUSEPORT` UDP socket and TCP listener,
+//! and a peer's datagrams, or its connection, always reach the same core).
+//!
+//! Transport-independent: a message comes with its [`Peer`] (UDP, or the
+//! TCP connection it arrived on), and whatever answers it or belongs to its
+//! dialog goes back to that peer the same way (RFC 3261 §18.2.2). Over TCP
+//! the Via and Contact of moshid's messages say so, no timer resends a
+//! request or a non-2xx response (the transport is reliable; the 2xx of an
+//! INVITE is still resent until the ACK, §13.3.1.4), and a call whose
+//! connection closes ends (`sip_connection_closed`).
 //!
 //! Per request: malformed → 400 when it can be answered, else counted and
 //! dropped; a retransmission → the transaction's last response again; a
@@ -35,6 +43,7 @@ use super::call::{Call, CallState};
 use super::config::SipConfig;
 use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
+use super::peer::{Peer, Transport};
 use super::sdp::{self, Negotiation};
 use super::transaction::{self, Backoff, Table, Timers};
 use crate::io::app::CoreApp;
@@ -101,7 +110,7 @@ pub struct Endpoint {
     txs: Table,
     calls: HashMap<String, Call>,
     ids: Ids,
-    out: Vec<(SocketAddr, Vec<u8>)>,
+    out: Vec<(Peer, Vec<u8>)>,
     auth: AuthState,
     /// Counters.
     pub counters: SipCounters,
@@ -150,11 +159,11 @@ impl Endpoint {
     }
 
     /// What is to be sent, in order.
-    pub fn take_out(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+    pub fn take_out(&mut self) -> Vec<(Peer, Vec<u8>)> {
         std::mem::take(&mut self.out)
     }
 
-    fn log_refusal(&self, src: SocketAddr, why: &str) {
+    fn log_refusal(&self, src: Peer, why: &str) {
         if self.log_gate.due(Instant::now()) {
             eprintln!(
                 "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {}, challenged: {})",
@@ -163,8 +172,9 @@ impl Endpoint {
         }
     }
 
-    /// Handles one datagram from `src`.
-    pub fn on_datagram(&mut self, data: &[u8], src: SocketAddr, now: Instant) {
+    /// Handles one message from `src`: a UDP datagram, or a message a TCP
+    /// connection's [`super::framing::Framer`] cut out.
+    pub fn on_message(&mut self, data: &[u8], src: Peer, now: Instant) {
         match message::parse_request(data) {
             Ok(Some(req)) => {
                 self.counters.requests += 1;
@@ -185,7 +195,53 @@ impl Endpoint {
         }
     }
 
-    fn send(&mut self, to: SocketAddr, bytes: Vec<u8>) {
+    /// A TCP message the stream could not carry on from (no or a bad
+    /// `Content-Length`: 400; over `sip.max_message_bytes`: 513): the
+    /// answer to `head`, when it is a request whose core headers can be
+    /// read, for the connection to send before it closes. Stateless: the
+    /// connection goes, and so would any transaction.
+    pub fn stream_fault(
+        &mut self,
+        head: &[u8],
+        src: Peer,
+        code: u16,
+        why: &str,
+    ) -> Option<Vec<u8>> {
+        self.counters.malformed += 1;
+        self.log_refusal(src, why);
+        let head = super::framing::without_content_length(head);
+        let req = message::parse_request(&head).ok().flatten()?;
+        if req.method == "ACK" {
+            return None;
+        }
+        Some(build::response(&req, code, None, &[warning(why)], None))
+    }
+
+    /// Whether a call's dialog runs over `peer` (a TCP connection with a
+    /// call is never closed for idleness: RTP carries the call, SIP may be
+    /// silent for its whole length).
+    pub fn has_calls_over(&self, peer: Peer) -> bool {
+        self.calls.values().any(|c| c.peer == peer)
+    }
+
+    /// The TCP connection `peer` closed: its calls end (reason
+    /// `sip_connection_closed`), as moshid opens no connections of its own
+    /// and so could neither send their BYE nor hear one (RFC 3261 §18.2.2
+    /// would have moshid connect to the Via's sent-by; see the README's
+    /// "not done").
+    pub fn on_connection_closed(&mut self, peer: Peer) {
+        let gone: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.peer == peer)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.end_call(&k, "sip_connection_closed");
+        }
+    }
+
+    fn send(&mut self, to: Peer, bytes: Vec<u8>) {
         self.out.push((to, bytes));
     }
 
@@ -195,7 +251,7 @@ impl Endpoint {
         &mut self,
         req: &Request,
         key: &str,
-        src: SocketAddr,
+        src: Peer,
         code: u16,
         to_tag: Option<&str>,
         extra: &[String],
@@ -209,11 +265,16 @@ impl Endpoint {
         bytes
     }
 
-    fn contact(&self) -> String {
-        format!("Contact: <sip:moshid@{}>", self.local)
+    /// Our Contact for a dialog with `peer` (RFC 3263: the transport is
+    /// named when it is not UDP).
+    fn contact(&self, peer: Peer) -> String {
+        match peer.transport {
+            Transport::Udp => format!("Contact: <sip:moshid@{}>", self.local),
+            Transport::Tcp => format!("Contact: <sip:moshid@{};transport=tcp>", self.local),
+        }
     }
 
-    fn on_request(&mut self, req: Request, src: SocketAddr, now: Instant) {
+    fn on_request(&mut self, req: Request, src: Peer, now: Instant) {
         let key = transaction::key(&req, src);
         if req.method == "ACK" {
             self.on_ack(&req, &key, src, now);
@@ -238,8 +299,8 @@ impl Endpoint {
             return;
         }
         let allowed = &cfg(&self.app).allowed_sources;
-        let listed =
-            !allowed.is_empty() && crate::transport::audiosocket::peer_allowed(allowed, src.ip());
+        let listed = !allowed.is_empty()
+            && crate::transport::audiosocket::peer_allowed(allowed, src.addr.ip());
         // Without sip.auth, the list is the only way in; with it, the
         // others may authenticate.
         if !allowed.is_empty() && !listed && matches!(self.auth, AuthState::Off) {
@@ -302,7 +363,7 @@ impl Endpoint {
         &mut self,
         req: &Request,
         key: &str,
-        src: SocketAddr,
+        src: Peer,
         now: Instant,
     ) -> Option<Option<String>> {
         let verdict = match &mut self.auth {
@@ -345,7 +406,7 @@ impl Endpoint {
         }
     }
 
-    fn on_response(&mut self, m: &message::Message, code: u16, src: SocketAddr) {
+    fn on_response(&mut self, m: &message::Message, code: u16, src: Peer) {
         if code < 200 {
             return;
         }
@@ -370,7 +431,7 @@ impl Endpoint {
         }
     }
 
-    fn on_ack(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+    fn on_ack(&mut self, req: &Request, key: &str, src: Peer, now: Instant) {
         // The ACK of a non-2xx final answer is part of the INVITE's transaction.
         if self.txs.acked(key, now) {
             return;
@@ -390,7 +451,7 @@ impl Endpoint {
         req: Request,
         uri: super::uri::SipUri,
         key: &str,
-        src: SocketAddr,
+        src: Peer,
         caller: Option<String>,
         now: Instant,
     ) {
@@ -557,7 +618,7 @@ impl Endpoint {
             caller.as_deref().unwrap_or("-")
         );
         self.calls.insert(ck.clone(), call);
-        let contact = self.contact();
+        let contact = self.contact(src);
         self.respond(&req, key, src, 180, Some(&local_tag), &[contact], None, now);
         if c.ring_ms == 0 {
             self.answer(&ck, now);
@@ -577,7 +638,7 @@ impl Endpoint {
             call.answer.clone(),
         );
         let extra = [
-            self.contact(),
+            self.contact(src),
             format!("Allow: {ALLOW}"),
             "Supported: ".to_string(),
         ];
@@ -594,14 +655,14 @@ impl Endpoint {
 
     /// The call a request within a dialog belongs to (by Call-ID, our tag
     /// and the peer's address).
-    fn dialog_of(&self, req: &Request, src: SocketAddr) -> Option<String> {
+    fn dialog_of(&self, req: &Request, src: Peer) -> Option<String> {
         let tag = req.to.tag.as_deref()?;
         let k = Call::key(&req.call_id, tag);
         let call = self.calls.get(&k)?;
         (call.peer == src).then_some(k)
     }
 
-    fn on_bye(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+    fn on_bye(&mut self, req: &Request, key: &str, src: Peer, now: Instant) {
         let Some(ck) = self.dialog_of(req, src) else {
             self.respond(req, key, src, 481, None, &[], None, now);
             return;
@@ -610,7 +671,7 @@ impl Endpoint {
         self.end_call(&ck, "bye_from_peer");
     }
 
-    fn on_cancel(&mut self, req: &Request, key: &str, src: SocketAddr, now: Instant) {
+    fn on_cancel(&mut self, req: &Request, key: &str, src: Peer, now: Instant) {
         // CANCEL matches the INVITE's transaction (same branch, method INVITE).
         let mut invite_req = req.clone();
         invite_req.method = "INVITE".into();
@@ -644,7 +705,7 @@ impl Endpoint {
         }
     }
 
-    fn on_reinvite(&mut self, req: Request, key: &str, src: SocketAddr, now: Instant) {
+    fn on_reinvite(&mut self, req: Request, key: &str, src: Peer, now: Instant) {
         let Some(ck) = self.dialog_of(&req, src) else {
             self.respond(&req, key, src, 481, None, &[], None, now);
             return;
@@ -707,7 +768,7 @@ impl Endpoint {
         );
         call.offer = offer;
         let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());
-        let extra = [self.contact(), format!("Allow: {ALLOW}")];
+        let extra = [self.contact(src), format!("Allow: {ALLOW}")];
         let ok = self.respond(&req, key, src, 200, Some(&tag), &extra, Some(&sdp), now);
         let timers = self.timers;
         if let Some(call) = self.calls.get_mut(&ck) {
@@ -721,11 +782,12 @@ impl Endpoint {
 
     /// Sends moshid's BYE for call `ck`.
     fn hang_up(&mut self, ck: &str, now: Instant) {
-        let via = format!("UDP {}", self.local);
         let branch = self.ids.branch();
+        let local = self.local;
         let Some(call) = self.calls.get_mut(ck) else {
             return;
         };
+        let via = format!("{} {local}", call.peer.transport.via_token());
         call.local_cseq += 1;
         let bye = build::request(
             "BYE",
@@ -810,7 +872,7 @@ impl Endpoint {
                 } => {
                     if now >= *give_up_at {
                         gone.push((k.clone(), "bye_unanswered"));
-                    } else if resend.due(now, &timers) {
+                    } else if !call.peer.transport.is_reliable() && resend.due(now, &timers) {
                         self.counters.resent += 1;
                         self.out.push((call.peer, bye.clone()));
                     }

@@ -1,10 +1,10 @@
-//! SIP messages (RFC 3261 §7): parsing one message from a datagram or a
-//! TCP stream's framed bytes, and the typed view of a request the endpoint
-//! works with.
+//! SIP messages (RFC 3261 §7): parsing one message from a datagram or
+//! from a TCP stream (cut into messages by [`super::framing`]), and the
+//! typed view of a request the endpoint works with.
 //!
 //! Hand-written (see the module docs of [`super`] for why): the grammar the
 //! endpoint needs is small — start line, headers (folded lines, compact
-//! forms, comma-separated Via), `Content-Length` framing — and bounded
+//! forms, comma-separated Via, the body's `Content-Length`) — and bounded
 //! here: a message over `sip.max_message_bytes` never reaches this code,
 //! and at most [`MAX_HEADERS`] header fields, [`MAX_VIAS`] Via entries and
 //! lines of [`MAX_LINE_BYTES`] are accepted.
@@ -139,49 +139,8 @@ fn head_end(data: &[u8]) -> Option<(usize, usize)> {
         .map(|i| (i, i + 2))
 }
 
-/// For a TCP stream: the length of the first complete message in `data`,
-/// `None` while more bytes are needed, an error when the head is bad or
-/// the message would exceed `max_bytes`. Leading CRLFs (keep-alives,
-/// RFC 5626) count as a "message" of their own length.
-pub fn frame_len(data: &[u8], max_bytes: usize) -> Result<Option<usize>, ParseError> {
-    let crlf = data
-        .iter()
-        .take_while(|&&b| b == b'\r' || b == b'\n')
-        .count();
-    if crlf > 0 {
-        return Ok(Some(crlf));
-    }
-    let Some((head, body_start)) = head_end(data) else {
-        if data.len() > max_bytes {
-            return Err(bad("message head over sip.max_message_bytes"));
-        }
-        return Ok(None);
-    };
-    let text = std::str::from_utf8(&data[..head]).map_err(|_| bad("head is not UTF-8"))?;
-    let mut len = None;
-    for line in text.lines().skip(1) {
-        if let Some((n, v)) = line.split_once(':') {
-            if canonical(n.trim()) == "Content-Length" {
-                len = Some(
-                    v.trim()
-                        .parse::<usize>()
-                        .map_err(|_| bad("bad Content-Length"))?,
-                );
-            }
-        }
-    }
-    // RFC 3261 §18.3: over a stream, Content-Length is mandatory.
-    let len = len.ok_or_else(|| bad("Content-Length is required over TCP"))?;
-    let total = body_start
-        .checked_add(len)
-        .ok_or_else(|| bad("bad Content-Length"))?;
-    if total > max_bytes {
-        return Err(bad("message over sip.max_message_bytes"));
-    }
-    Ok((data.len() >= total).then_some(total))
-}
-
-/// Parses one message (a datagram, or a frame cut by [`frame_len`]).
+/// Parses one message (a datagram, or a frame cut by
+/// [`super::framing::Framer`]).
 pub fn parse(data: &[u8]) -> Result<Message, ParseError> {
     let (head, body_start) = head_end(data).ok_or(ParseError::NotSip("no end of head"))?;
     let text = std::str::from_utf8(&data[..head]).map_err(|_| ParseError::NotSip("not UTF-8"))?;
@@ -536,17 +495,6 @@ mod tests {
         assert_eq!(r.msg.body, b"v=0\r");
         assert_eq!(r.msg.header("Subject"), Some("folded over two lines"));
         assert!(r.check().is_ok());
-    }
-
-    #[test]
-    fn frames_a_stream() {
-        let m = INVITE.as_bytes();
-        let full = m.len() - "\nEXTRA".len();
-        assert_eq!(frame_len(m, 65_000), Ok(Some(full)));
-        assert_eq!(frame_len(&m[..20], 65_000), Ok(None));
-        assert_eq!(frame_len(b"\r\n\r\nINVITE", 65_000), Ok(Some(4)));
-        assert!(frame_len(m, 100).is_err());
-        assert!(frame_len(b"OPTIONS sip:a SIP/2.0\r\nVia: x\r\n\r\n", 65_000).is_err());
     }
 
     /// Hand-made malformed messages: each refused with a reason, none panics.

@@ -5,16 +5,22 @@
 //! through the same code as `POST /v1/rtp/sessions`, so its session id and
 //! `/v1/sessions/{id}/events` are the RTP session's.
 //!
-//! With `sip.enabled`, every I/O core binds `sip.address` over UDP
-//! (`SO_REUSEPORT`) and runs its own [`endpoint`]: transactions and calls
-//! are per core, and a peer's datagrams always reach the same core.
+//! With `sip.enabled`, every I/O core binds `sip.address` over UDP and
+//! TCP (`SO_REUSEPORT`, the same port; TCP unless
+//! `sip.max_tcp_connections` is 0) and runs its own [`endpoint`]:
+//! transactions and calls are per core, and a peer's datagrams, or its
+//! connection, always reach the same core.
 //!
 //! Files: [`config`] (`sip.*` and its checks), [`message`] (SIP message
 //! parsing and framing), [`uri`] (SIP URIs), [`sdp`] (offer/answer over
 //! the `sdp-types` parser), [`params`] (a call's session parameters),
 //! [`build`] (responses and in-dialog requests), [`transaction`] (server
 //! transactions and their timers), [`call`] (a dialog), [`endpoint`] (the
-//! requests' handling), [`udp`] (the socket and its tasks); digest
+//! requests' handling, whatever their transport), [`peer`] (a message's
+//! source: UDP or a TCP connection), [`serve`] (a core's endpoint, its
+//! timer and the sending of what it answers), [`udp`] (the socket),
+//! [`tcp`] (the listener and its connections), [`framing`] (messages cut
+//! out of a TCP stream); digest
 //! authentication in [`auth`] (the verdicts), [`auth_header`] (the
 //! `Authorization` header), [`digest`] (MD5 and SHA-256 responses) and
 //! [`nonce`] (signed nonces, the replay table).
@@ -26,7 +32,7 @@
 //! layer (`ezk-sip-types`), while the endpoint needs the message grammar
 //! only, bounded by its own limits. The parsers are fuzzed
 //! (`fuzz/fuzz_targets/sip_message.rs`, `sdp_offer.rs`,
-//! `sip_auth_header.rs`) and have tables of malformed cases in their tests.
+//! `sip_auth_header.rs`, `sip_tcp_framing.rs`) and have tables of malformed cases in their tests.
 //!
 //! Who may call: a source in `sip.allowed_sources` (when it is set) with
 //! no credentials; with `sip.auth`, any other source whose INVITE answers
@@ -42,10 +48,14 @@ pub mod call;
 pub mod config;
 pub mod digest;
 pub mod endpoint;
+pub mod framing;
 pub mod message;
 pub mod nonce;
 pub mod params;
+pub mod peer;
 pub mod sdp;
+pub mod serve;
+pub mod tcp;
 pub mod transaction;
 pub mod udp;
 pub mod uri;

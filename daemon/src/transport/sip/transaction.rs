@@ -14,14 +14,19 @@
 //! to T2, until the ACK (timer G) or
 //! 64·T1 (timer H); every other transaction is forgotten 64·T1 after its
 //! final response (timers I/J; an INVITE answered 2xx stays that long too,
-//! RFC 6026 "Accepted", to absorb retransmitted INVITEs).
+//! RFC 6026 "Accepted", to absorb retransmitted INVITEs). Over TCP (a
+//! reliable transport, RFC 3261 §17.2.1 and §17.2.2) timer G is not
+//! started (timer H still waits for the ACK), and timers I and J are 0:
+//! a non-INVITE transaction, or an INVITE's acknowledged non-2xx, is
+//! forgotten at the next tick. The 2xx of an INVITE is the dialog's to
+//! retransmit ([`super::call`]), over TCP too (§13.3.1.4).
 //!
 //! Invariants: at most `sip.max_transactions` entries; each has a deadline,
 //! so the table empties when traffic stops.
 
 use super::message::Request;
+use super::peer::Peer;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// RFC 3261 timers of this endpoint.
@@ -41,7 +46,7 @@ impl Timers {
 }
 
 /// The key of the transaction `req`, received from `src`, belongs to.
-pub fn key(req: &Request, src: SocketAddr) -> String {
+pub fn key(req: &Request, src: Peer) -> String {
     let method = if req.method == "ACK" {
         "INVITE"
     } else {
@@ -92,7 +97,7 @@ impl Backoff {
 #[derive(Debug)]
 pub struct ServerTx {
     /// Where its responses go.
-    pub peer: SocketAddr,
+    pub peer: Peer,
     /// The last response sent.
     pub last_response: Option<Vec<u8>>,
     /// The final status, once sent.
@@ -112,7 +117,7 @@ pub struct Table {
 }
 
 /// What [`Table::tick`] found to resend.
-pub type Resends = Vec<(SocketAddr, Vec<u8>)>;
+pub type Resends = Vec<(Peer, Vec<u8>)>;
 
 impl Table {
     /// Live transactions.
@@ -131,14 +136,7 @@ impl Table {
     }
 
     /// Starts a transaction; false when `max` are live.
-    pub fn open(
-        &mut self,
-        key: String,
-        peer: SocketAddr,
-        now: Instant,
-        t: &Timers,
-        max: usize,
-    ) -> bool {
+    pub fn open(&mut self, key: String, peer: Peer, now: Instant, t: &Timers, max: usize) -> bool {
         if self.txs.len() >= max {
             return false;
         }
@@ -158,7 +156,8 @@ impl Table {
     }
 
     /// Records a response sent in transaction `key` (`invite`: whether it
-    /// is an INVITE transaction, whose non-2xx finals are retransmitted).
+    /// is an INVITE transaction, whose non-2xx finals are retransmitted
+    /// over UDP).
     pub fn responded(
         &mut self,
         key: &str,
@@ -173,21 +172,32 @@ impl Table {
         };
         tx.last_response = Some(bytes.to_vec());
         if code >= 200 {
+            let reliable = tx.peer.transport.is_reliable();
             tx.final_code = Some(code);
-            tx.expires_at = now + t.timeout();
-            if invite && code >= 300 {
+            tx.expires_at = if reliable && !invite {
+                // Timer J is 0 over TCP: no retransmission to absorb.
+                now
+            } else {
+                now + t.timeout()
+            };
+            if invite && code >= 300 && !reliable {
                 tx.resend = Some(Backoff::start(now, t));
             }
         }
     }
 
     /// The ACK of a non-2xx final response: stop timer G, linger T4 (5 s)
-    /// for retransmitted ACKs (timer I).
+    /// for retransmitted ACKs (timer I; 0 over TCP).
     pub fn acked(&mut self, key: &str, now: Instant) -> bool {
         match self.txs.get_mut(key) {
             Some(tx) if tx.final_code.is_some_and(|c| c >= 300) => {
                 tx.resend = None;
-                tx.expires_at = tx.expires_at.min(now + Duration::from_secs(5));
+                let linger = if tx.peer.transport.is_reliable() {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(5)
+                };
+                tx.expires_at = tx.expires_at.min(now + linger);
                 true
             }
             _ => false,
@@ -222,7 +232,7 @@ mod tests {
         };
         let start = Instant::now();
         let mut table = Table::default();
-        let peer = "127.0.0.1:5061".parse().unwrap();
+        let peer = Peer::udp("127.0.0.1:5061".parse().unwrap());
         assert!(table.open("k".into(), peer, start, &t, 1));
         assert!(!table.open("k2".into(), peer, start, &t, 1));
         table.responded("k", b"SIP/2.0 486", 486, true, start, &t);
@@ -242,5 +252,32 @@ mod tests {
         assert_eq!(&gaps[..5], &[500, 1000, 2000, 4000, 4000]);
         assert!(table.is_empty(), "timer H (32 s) forgets the transaction");
         assert!(!table.acked("k", now));
+    }
+
+    #[test]
+    fn over_tcp_no_timer_g_and_timers_i_j_are_zero() {
+        let t = Timers {
+            t1: Duration::from_millis(500),
+            t2: Duration::from_secs(4),
+        };
+        let start = Instant::now();
+        let peer = Peer::tcp("127.0.0.1:5061".parse().unwrap());
+        let mut table = Table::default();
+        let mut sends = Vec::new();
+        // An INVITE answered 486: not resent, kept for the ACK (timer H)...
+        assert!(table.open("inv".into(), peer, start, &t, 4));
+        table.responded("inv", b"SIP/2.0 486", 486, true, start, &t);
+        // ...a BYE answered 200: forgotten at once (timer J = 0).
+        assert!(table.open("bye".into(), peer, start, &t, 4));
+        table.responded("bye", b"SIP/2.0 200", 200, false, start, &t);
+        table.tick(start + Duration::from_secs(10), &t, &mut sends);
+        assert!(sends.is_empty(), "no timer G over TCP");
+        assert_eq!(table.len(), 1);
+        assert!(table.get_mut("bye").is_none());
+        // The ACK ends the INVITE's at once (timer I = 0).
+        let acked_at = start + Duration::from_secs(10);
+        assert!(table.acked("inv", acked_at));
+        table.tick(acked_at, &t, &mut sends);
+        assert!(table.is_empty());
     }
 }

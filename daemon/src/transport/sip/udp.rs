@@ -1,25 +1,17 @@
 //! SIP over UDP on one I/O core: the socket (`SO_REUSEPORT`, one per core,
-//! so the kernel keeps each peer on one core), a receiver task feeding the
-//! [`Endpoint`], and a timer task driving its retransmissions and call
-//! ends every [`TICK`].
+//! so the kernel keeps each peer on one core) and its receiver, feeding
+//! the core's endpoint ([`super::serve`]).
 //!
 //! Invariants: the receiver is never cancelled mid-read while the daemon
 //! serves (a cancelled io_uring read could lose a datagram); a datagram
-//! over `sip.max_message_bytes` is dropped and counted, never parsed;
-//! what the endpoint queues is sent by whichever task made it, in order.
+//! over `sip.max_message_bytes` is dropped and counted, never parsed.
 
-use super::endpoint::Endpoint;
-use crate::io::app::CoreApp;
+use super::peer::Peer;
+use super::serve::Wire;
 use glommio::net::UdpSocket;
-use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, IntoRawFd};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
-
-/// How often timers are looked at (T1 is 500 ms; 20 ms keeps every
-/// retransmission within 4 % of its time).
-pub const TICK: Duration = Duration::from_millis(20);
 
 /// Binds `addr` with `SO_REUSEPORT` (every core binds the same address).
 pub fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
@@ -36,31 +28,9 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) })
 }
 
-async fn flush(socket: &UdpSocket, endpoint: &RefCell<Endpoint>) {
-    let out = endpoint.borrow_mut().take_out();
-    for (to, bytes) in out {
-        // A failed send is a lost datagram: the timers resend what matters.
-        let _ = socket.send_to(&bytes, to).await;
-    }
-}
-
-/// Serves SIP over UDP on this core until cancelled.
-pub async fn serve(socket: UdpSocket, app: CoreApp) {
-    let local = socket.local_addr().unwrap_or(app.shared.config.sip.address);
-    let max_bytes = app.shared.config.sip.max_message_bytes;
-    let socket = Rc::new(socket);
-    let endpoint = Rc::new(RefCell::new(Endpoint::new(app.clone(), local)));
-    // Lives as long as this task (the core drops both at its end).
-    let _timer = {
-        let (socket, endpoint) = (socket.clone(), endpoint.clone());
-        glommio::spawn_local(async move {
-            loop {
-                glommio::timer::sleep(TICK).await;
-                endpoint.borrow_mut().tick(Instant::now());
-                flush(&socket, &endpoint).await;
-            }
-        })
-    };
+/// Receives datagrams into the endpoint until cancelled.
+pub async fn receive(wire: &Wire, max_bytes: usize) {
+    let socket = wire.udp();
     // One byte more than the limit tells an oversized datagram apart.
     let mut buf = vec![0u8; max_bytes + 1];
     let mut oversize = 0u64;
@@ -75,10 +45,10 @@ pub async fn serve(socket: UdpSocket, app: CoreApp) {
                 }
             }
             Ok((n, src)) => {
-                endpoint
+                wire.endpoint
                     .borrow_mut()
-                    .on_datagram(&buf[..n], src, Instant::now());
-                flush(&socket, &endpoint).await;
+                    .on_message(&buf[..n], Peer::udp(src), Instant::now());
+                wire.flush().await;
             }
             Err(_) => glommio::timer::sleep(Duration::from_millis(5)).await,
         }
