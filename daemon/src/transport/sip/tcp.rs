@@ -157,13 +157,15 @@ async fn connection(
     if !matches!(end, End::Io | End::NotReading) {
         let _ = conn.drain(&out).await;
     }
+    // Forgotten before the socket closes: until then no new connection can
+    // have this remote address, so the table entry and the calls are ours.
+    wire.disconnected(addr).await;
     let _ = conn.stream.close().await;
     eprintln!(
         "<7>sip tcp close peer={addr} reason={} messages={}",
         end.name(),
         conn.messages
     );
-    wire.disconnected(addr).await;
 }
 
 struct Conn {
