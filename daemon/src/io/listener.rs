@@ -177,6 +177,32 @@ impl ConnTable {
         }
     }
 
+    /// The next connection `listener` accepts, with its peer's address, paced
+    /// by `pace` (a flood must not hold the rest of the core off). A failed
+    /// `accept` is counted and logged ([`ConnTable::accept_failed`]) and
+    /// retried 10 ms later; a connection already gone is skipped.
+    pub async fn accept(
+        &self,
+        listener: &TcpListener,
+        pace: &AcceptPace,
+        core: usize,
+    ) -> (glommio::net::TcpStream, SocketAddr) {
+        loop {
+            match listener.accept().await {
+                Ok(stream) => {
+                    pace.accepted().await;
+                    if let Ok(peer) = stream.peer_addr() {
+                        return (stream, peer);
+                    }
+                }
+                Err(e) => {
+                    self.accept_failed(core, &e);
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
     /// Counts a failed `accept` and logs it (bounded).
     pub fn accept_failed(&self, core: usize, e: &dyn std::fmt::Display) {
         bump(&self.counters.accept_errors);
@@ -243,22 +269,7 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => {
-                // A flood must not hold the rest of the core off.
-                pace.accepted().await;
-                s
-            }
-            Err(e) => {
-                table.accept_failed(core, &e);
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(peer) = stream.peer_addr() else {
-            // Already gone.
-            continue;
-        };
+        let (stream, peer) = table.accept(&listener, &pace, core).await;
         let guard = match table.try_open(peer.ip()) {
             Ok(g) => g,
             Err(refusal) => {

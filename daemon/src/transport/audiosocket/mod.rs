@@ -39,7 +39,6 @@ use crate::io::app::CoreApp;
 use crate::io::listener::ConnTable;
 use glommio::net::TcpListener;
 use std::net::IpAddr;
-use std::time::Duration;
 
 /// Whether `ip` may open a call (`allowed` empty: anyone who can reach the
 /// listener, which validation restricts to loopback).
@@ -74,21 +73,7 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => {
-                // A flood must not hold the rest of the core off.
-                pace.accepted().await;
-                s
-            }
-            Err(e) => {
-                table.accept_failed(core, &e);
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(peer) = stream.peer_addr() else {
-            continue;
-        };
+        let (stream, peer) = table.accept(&listener, &pace, core).await;
         if !peer_allowed(&cfg.allowed_peers, peer.ip()) {
             drop(stream);
             table.refuse_not_allowed(core, peer.ip(), &"not in audiosocket.allowed_peers");

@@ -87,21 +87,7 @@ pub async fn accept_loop(listener: TcpListener, wire: Rc<Wire>, app: CoreApp) {
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => {
-                // A flood must not hold the rest of the core off.
-                pace.accepted().await;
-                s
-            }
-            Err(e) => {
-                table.accept_failed(core, &e);
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(peer) = stream.peer_addr() else {
-            continue;
-        };
+        let (stream, peer) = table.accept(&listener, &pace, core).await;
         let guard = match table.try_open(peer.ip()) {
             Ok(g) => g,
             Err(_) => {
