@@ -321,21 +321,22 @@ impl Grouping {
         self.dirty = true;
     }
 
-    /// Whether the plan in effect would keep `slot` in its target group,
-    /// as [`Grouping::assign_for`] decides for a slot with a phase.
+    /// Whether the plan in effect would keep `slot` in its target group.
     fn keeps_target(&self, slot: &SlotGroup) -> bool {
-        let Some(phase) = slot.estimator.provisional_ns() else {
-            return slot.target != NONE;
-        };
-        if slot.target == NONE {
-            return false;
+        match slot.estimator.provisional_ns() {
+            Some(phase) => self.keeps(slot, phase, self.groups.max(1)),
+            None => slot.target != NONE,
         }
-        let g = self.groups.max(1);
-        let in_plan = (slot.target as usize).is_multiple_of(self.positions / g);
-        let spacing_ns = PERIOD_NS / g as u64;
-        in_plan
-            && ahead_ns(phase + GUARD_NS, self.position_ns(slot.target as usize))
-                <= spacing_ns + HYSTERESIS_NS
+    }
+
+    /// Whether a plan of `g` groups keeps a slot with phase `phase_ns` in its
+    /// target group: the group exists in that plan and ticks within its
+    /// spacing plus [`HYSTERESIS_NS`] after the slot's frames are ready.
+    fn keeps(&self, slot: &SlotGroup, phase_ns: u64, g: usize) -> bool {
+        slot.target != NONE
+            && (slot.target as usize).is_multiple_of(self.positions / g)
+            && ahead_ns(phase_ns + GUARD_NS, self.position_ns(slot.target as usize))
+                <= PERIOD_NS / g as u64 + HYSTERESIS_NS
     }
 
     /// The position whose tick steps `slot` now (`None` before its first plan).
@@ -450,23 +451,19 @@ impl Grouping {
     /// through the ticks in between (on the 1 ms grid, waking a thread a
     /// thousand times a second costs a few percent of a core for nothing).
     pub fn ticks_to_next_work(&self, position: usize, max_ticks: usize) -> usize {
-        let max_ticks = max_ticks.clamp(1, self.positions);
-        let mut mask = 0u128;
-        for s in self.slots.iter().filter(|s| s.open) {
-            if s.behind || s.current == NONE || s.target == NONE {
-                return 1;
-            }
-            mask |= 1 << s.current;
-            mask |= 1 << s.target;
+        let catching_up = self
+            .slots
+            .iter()
+            .any(|s| s.open && (s.behind || s.current == NONE || s.target == NONE));
+        if catching_up {
+            return 1;
         }
-        (1..=max_ticks)
-            .find(|d| mask & (1 << ((position + d) % self.positions)) != 0)
-            .unwrap_or(max_ticks)
+        self.ticks_to_next_group(position, max_ticks.clamp(1, self.positions))
     }
 
-    /// Time from `position`'s tick to the next tick that could step a slot
-    /// (any open slot's current or target group), in milliseconds.
-    pub fn gap_after_ms(&self, position: usize) -> f64 {
+    /// Ticks from `position` to the next position that is any open slot's
+    /// current or target group, at most `max_ticks`.
+    fn ticks_to_next_group(&self, position: usize, max_ticks: usize) -> usize {
         // One bit per position (at most 128: asserted at construction).
         let mut mask = 0u128;
         for s in self.slots.iter().filter(|s| s.open) {
@@ -476,9 +473,15 @@ impl Grouping {
                 }
             }
         }
-        let gap = (1..=self.positions)
+        (1..=max_ticks)
             .find(|d| mask & (1 << ((position + d) % self.positions)) != 0)
-            .unwrap_or(self.positions);
+            .unwrap_or(max_ticks)
+    }
+
+    /// Time from `position`'s tick to the next tick that could step a slot
+    /// (any open slot's current or target group), in milliseconds.
+    pub fn gap_after_ms(&self, position: usize) -> f64 {
+        let gap = self.ticks_to_next_group(position, self.positions);
         gap as f64 * PERIOD_NS as f64 / 1e6 / self.positions as f64
     }
 
@@ -559,7 +562,6 @@ impl Grouping {
     fn assign_for(&mut self, g: usize, step_ms: &dyn Fn(usize) -> f64) {
         self.assign_groups = g;
         let stride = self.positions / g;
-        let spacing_ns = PERIOD_NS / g as u64;
         self.counts.iter_mut().for_each(|c| *c = 0);
         // Measured phases, and unmeasured slots whose group still exists.
         for (s, slot) in self.slots.iter().enumerate() {
@@ -569,14 +571,10 @@ impl Grouping {
             }
             let in_plan = slot.target != NONE && (slot.target as usize).is_multiple_of(stride);
             let a = if let Some(phase) = slot.estimator.provisional_ns() {
-                let ready_ns = phase + GUARD_NS;
-                let keep = in_plan
-                    && ahead_ns(ready_ns, self.position_ns(slot.target as usize))
-                        <= spacing_ns + HYSTERESIS_NS;
-                if keep {
+                if self.keeps(slot, phase, g) {
                     slot.target
                 } else {
-                    self.soonest_at_or_after(ready_ns, g)
+                    self.soonest_at_or_after(phase + GUARD_NS, g)
                 }
             } else if in_plan {
                 slot.target
