@@ -74,6 +74,28 @@ fn wait_lines(d: &Daemon, needles: &[&str], n: usize) -> Vec<String> {
     }
 }
 
+/// The sum over cores of `/metrics` series `name` whose labels include
+/// every one of `labels` (`reason="busy"`), once the endpoints' counters
+/// show at least `min` (they are published every 20 ms).
+fn sip_metric(d: &Daemon, name: &str, labels: &[&str], min: u64) -> u64 {
+    let deadline = Instant::now() + LOG_WAIT;
+    loop {
+        let (status, page) = d.http_get("/metrics");
+        assert_eq!(status, 200, "{page}");
+        let sum: u64 = page
+            .lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum();
+        if sum >= min || Instant::now() >= deadline {
+            return sum;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn basic_call_with_rtp_both_ways() {
     if !need("sipp") || !inside_netns("basic_call_with_rtp_both_ways") {
@@ -111,6 +133,12 @@ fn basic_call_with_rtp_both_ways() {
     assert!(field(&rtp[0], "frames_to_engine") >= 10, "{}", rtp[0]);
     let record = wait_lines(&d, &["session end", "transport=sip"], 1);
     println!("{}", record[0]);
+    // The call in /metrics: INVITE, ACK and BYE received, one call answered
+    // and none left.
+    assert_eq!(sip_metric(&d, "moshid_sip_calls_total", &[], 1), 1);
+    assert!(sip_metric(&d, "moshid_sip_requests_total", &[], 3) >= 3);
+    assert_eq!(sip_metric(&d, "moshid_sip_calls", &[], 0), 0);
+    assert_eq!(sip_metric(&d, "moshid_sip_malformed_total", &[], 0), 0);
 }
 
 #[test]
@@ -125,6 +153,11 @@ fn cancel_before_answer_gets_487() {
     // The RTP session made for the call ended with it.
     wait_lines(&d, &["rtp session end"], 1);
     assert!(lines(&d, &["sip call start"]).len() == 1);
+    assert_eq!(
+        sip_metric(&d, "moshid_sip_calls_cancelled_total", &[], 1),
+        1
+    );
+    assert_eq!(sip_metric(&d, "moshid_sip_calls_total", &[], 0), 0);
 }
 
 #[test]
@@ -789,6 +822,12 @@ fn auth_wrong_password_gets_401_again_and_no_call() {
         d.stderr_tail()
     );
     assert!(lines(&d, &["rtp session start"]).is_empty());
+    // Each INVITE was challenged, first without credentials, then for
+    // wrong ones; none authenticated.
+    let challenged = r#"result="challenged""#;
+    assert!(sip_metric(&d, "moshid_sip_auth_total", &[challenged], 4) >= 4);
+    let ok = r#"result="authenticated""#;
+    assert_eq!(sip_metric(&d, "moshid_sip_auth_total", &[ok], 0), 0);
 }
 
 #[test]

@@ -85,6 +85,7 @@ impl Exporter {
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge};
     super::connections::describe();
+    super::sip::describe();
     super::heap::describe();
     describe_gauge!(
         "moshid_session_table_entries",
@@ -251,6 +252,7 @@ pub fn render(shared: &EngineShared) -> String {
         {
             let conns = registry.connections();
             super::connections::record(&conns.listeners, &conns.pending);
+            super::sip::record(&conns.sip);
         }
 
         let per_thread = snaps.iter().map(|s| {

@@ -7,6 +7,8 @@
 //!   into the `metrics` facade (counters, gauges) and renders Prometheus text
 //!   (histograms are written directly, exactly as counted).
 //! * [`heap`]: the heap (in use, free, arenas; trims), always on.
+//! * [`connections`] and [`sip`]: every core's listeners, pending budget
+//!   and SIP endpoint, always on.
 //!
 //! The [`Registry`] lives in [`EngineShared`](crate::engine::EngineShared):
 //! it holds the switch and the `Arc` of every thread's counters, published
@@ -33,6 +35,7 @@ pub mod connections;
 pub mod export;
 pub mod heap;
 pub mod histogram;
+pub mod sip;
 pub mod stages;
 
 pub use stages::{Owner, Stage, StageCounters, StageRecorder, ThreadSnapshot};
@@ -57,6 +60,8 @@ pub struct ConnectionCounters {
     pub listeners: Vec<Arc<connections::ListenerCounters>>,
     /// One per core.
     pub pending: Vec<Arc<connections::PendingCounters>>,
+    /// One per core serving SIP.
+    pub sip: Vec<Arc<sip::SipPublished>>,
 }
 
 impl Default for Registry {
@@ -130,6 +135,13 @@ impl Registry {
     ) -> Arc<connections::PendingCounters> {
         let c = Arc::new(counters);
         self.connections().pending.push(c.clone());
+        c
+    }
+
+    /// Publishes a core's SIP counters (once per core serving SIP, at start).
+    pub fn register_sip(&self, core: usize) -> Arc<sip::SipPublished> {
+        let c = Arc::new(sip::SipPublished::new(core));
+        self.connections().sip.push(c.clone());
         c
     }
 

@@ -56,7 +56,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-/// Counters of one core's endpoint (logged at calls' ends and shutdown).
+/// Counters of one core's endpoint (logged, and in `/metrics` through
+/// [`crate::metrics::sip`]: a field added here needs its series there).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SipCounters {
     /// Requests received (retransmissions included).

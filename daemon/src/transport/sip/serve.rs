@@ -1,6 +1,7 @@
 //! SIP on one I/O core: the [`Endpoint`], its UDP socket ([`super::udp`]),
 //! its TCP listener and connections ([`super::tcp`]), the timer task that
-//! drives the endpoint every [`TICK`], and [`Wire::flush`], which sends
+//! drives the endpoint every [`TICK`] and publishes its counters for
+//! `/metrics` ([`crate::metrics::sip`]), and [`Wire::flush`], which sends
 //! each message the endpoint queued the way its peer came: a datagram from
 //! the UDP socket, or onto the queue of the peer's TCP connection.
 //!
@@ -14,12 +15,14 @@
 use super::endpoint::Endpoint;
 use super::peer::{Peer, Transport};
 use crate::io::app::CoreApp;
+use crate::metrics::sip::SipPublished;
 use glommio::channels::local_channel::LocalSender;
 use glommio::net::{TcpListener, UdpSocket};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often timers are looked at (T1 is 500 ms; 20 ms keeps every
@@ -35,6 +38,8 @@ pub struct Wire {
     tcp: RefCell<HashMap<SocketAddr, LocalSender<Vec<u8>>>>,
     /// Messages dropped: their connection was gone or its queue full.
     pub tcp_dropped: Cell<u64>,
+    /// The endpoint's counters as `/metrics` reads them (published every tick).
+    published: Arc<SipPublished>,
 }
 
 impl Wire {
@@ -65,6 +70,13 @@ impl Wire {
             self.tcp_dropped.set(self.tcp_dropped.get() + 1);
             eprintln!("<5>sip: closing the TCP connection of {to}: it does not read its answers");
         }
+    }
+
+    /// Copies the endpoint's counters for `/metrics`.
+    fn publish(&self) {
+        let endpoint = self.endpoint.borrow();
+        self.published
+            .publish(&endpoint.counters, endpoint.calls(), self.tcp_dropped.get());
     }
 
     /// The UDP socket.
@@ -102,6 +114,7 @@ pub async fn serve(udp: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
         udp,
         tcp: RefCell::new(HashMap::new()),
         tcp_dropped: Cell::new(0),
+        published: app.ctx.engine.metrics.register_sip(app.ctx.core),
     });
     // Both live as long as this task (the core drops them all at its end).
     let _timer = {
@@ -111,6 +124,7 @@ pub async fn serve(udp: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
                 glommio::timer::sleep(TICK).await;
                 wire.endpoint.borrow_mut().tick(Instant::now());
                 wire.flush().await;
+                wire.publish();
             }
         })
     };
