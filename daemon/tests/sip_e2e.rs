@@ -8,7 +8,8 @@
 //! a retransmitted INVITE answered once; a call over capacity (503 with
 //! Retry-After) and over `sip.max_dialogs` (486); no common codec (488);
 //! BYE from moshid at `session.max_session_seconds`; hold and resume by
-//! re-INVITE; 30 calls at once; digest authentication (a call that
+//! re-INVITE; 16 calls at once, and 50 INVITEs within a second each
+//! answered (200 or 503) with `/metrics` agreeing; digest authentication (a call that
 //! answers the challenge, wrong credentials, the challenge itself, listed
 //! sources beside unlisted ones). baresip dials moshid over PCMU, plays a
 //! WAV file and records what it hears, also after answering an MD5
@@ -343,6 +344,59 @@ fn many_calls_at_once() {
         lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
         calls as usize
     );
+}
+
+#[test]
+fn fifty_calls_at_once_each_answered_or_refused() {
+    if !need("sipp") || !inside_netns("fifty_calls_at_once_each_answered_or_refused") {
+        return;
+    }
+    // 50 INVITEs within a second. Admission prices each into the step
+    // budget (on this 2-core machine, with auto phase groups, all 50 fit;
+    // a slower or busier machine admits fewer): every call must be
+    // answered, the admitted ones with audio both ways to a BYE, the
+    // others 503 (and ACKed), and nothing lost in between.
+    let calls = 50;
+    let (d, sip) = start("", "", &["--max-slots", "64"]);
+    let audio = ulaw_file(d.temp_dir(), 5);
+    let t = Instant::now();
+    sipp(
+        d.temp_dir(),
+        sip,
+        "call_or_busy",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "3000".into()),
+        ],
+        calls,
+        calls,
+    )
+    .assert_ok("50 calls");
+    let answered = lines(&d, &["sip call start"]).len();
+    println!(
+        "{calls} calls in {:.1} s: {answered} answered, {} refused",
+        t.elapsed().as_secs_f64(),
+        calls as usize - answered
+    );
+    assert!(answered >= 1, "{}", d.stderr_tail());
+    let ends = wait_lines(&d, &["rtp session end"], answered);
+    assert!(
+        ends.iter()
+            .all(|l| field(l, "received") > 0 && field(l, "packets_sent") > 0),
+        "{ends:#?}"
+    );
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], answered);
+    let refused = (calls as usize - answered) as u64;
+    let busy = r#"reason="busy""#;
+    assert_eq!(
+        sip_metric(&d, "moshid_sip_invites_refused_total", &[busy], refused),
+        refused
+    );
+    assert_eq!(
+        sip_metric(&d, "moshid_sip_calls_total", &[], answered as u64),
+        answered as u64
+    );
+    assert_eq!(sip_metric(&d, "moshid_sip_calls", &[], 0), 0);
 }
 
 /// A raw SIP peer on a UDP socket.
