@@ -481,9 +481,13 @@ fn spawn_core(
                 .as_ref()
                 .map(|l| l.local_addr().unwrap_or(audiosocket_addr.expect("bound")));
             // SIP over UDP: one SO_REUSEPORT socket per core.
+            // And the core's own socket for the calls and registrations
+            // it starts (their answers must come back to this core).
             let sip = match sip_addr {
                 None => None,
-                Some(a) => match crate::transport::sip::udp::bind(a) {
+                Some(a) => match crate::transport::sip::udp::bind(a)
+                    .and_then(|s| Ok((s, crate::transport::sip::udp::bind_out(a.ip())?)))
+                {
                     Ok(s) => Some(s),
                     Err(e) => {
                         let _ = bound.send(Err(format!(
@@ -495,7 +499,7 @@ fn spawn_core(
             };
             let sip_local = sip
                 .as_ref()
-                .map(|s| s.local_addr().unwrap_or(sip_addr.expect("bound")));
+                .map(|(s, _)| s.local_addr().unwrap_or(sip_addr.expect("bound")));
             // SIP over TCP: a listener per core on the UDP socket's port
             // (port 0 resolved by the UDP bind).
             let sip_tcp = match sip_local {
@@ -519,8 +523,13 @@ fn spawn_core(
                 glommio::spawn_local(crate::transport::audiosocket::accept_loop(l, app.clone()))
             });
             // SIP keeps serving while draining: calls end with BYEs.
-            let _sip_task = sip.map(|s| {
-                glommio::spawn_local(crate::transport::sip::serve::serve(s, sip_tcp, app.clone()))
+            let _sip_task = sip.map(|(s, out)| {
+                glommio::spawn_local(crate::transport::sip::serve::serve(
+                    s,
+                    out,
+                    sip_tcp,
+                    app.clone(),
+                ))
             });
             let acceptor = glommio::spawn_local(accept_loop(listener, app));
             let _ = bound.send(Ok((local, audiosocket_local, sip_local)));

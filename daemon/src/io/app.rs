@@ -34,6 +34,9 @@ pub struct Shared {
     pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Every live session's events, and the webhooks.
     pub events: crate::events::EventHub,
+    /// The SIP calls moshid places and its registrations, as the control
+    /// API sees them.
+    pub sip: crate::transport::sip::status::SipShared,
 }
 
 impl Shared {
@@ -46,6 +49,7 @@ impl Shared {
             .unwrap_or(0);
         Shared {
             events: crate::events::EventHub::new(&config.events),
+            sip: crate::transport::sip::status::SipShared::new(&config.sip),
             config,
             max_text_bytes,
             pieces,

@@ -593,6 +593,10 @@ async fn route(
             crate::transport::rtp::control::handle(stream, app, head, buf, limits).await?;
             Ok(Route::Done)
         }
+        (_, path) if crate::transport::sip::control::owns(path) => {
+            crate::transport::sip::control::handle(stream, app, head, buf, limits).await?;
+            Ok(Route::Done)
+        }
         (_, path) if crate::web::owns(path) => {
             crate::web::handle(stream, app, head).await?;
             Ok(Route::Done)

@@ -28,7 +28,7 @@ struct Series {
 
 /// Every counter of [`SipCounters`], in the order [`SipPublished`] keeps
 /// them. A field added there gets its series here.
-const SERIES: [Series; 15] = [
+const SERIES: [Series; 20] = [
     Series {
         name: "moshid_sip_requests_total",
         label: None,
@@ -98,6 +98,31 @@ const SERIES: [Series; 15] = [
         name: "moshid_sip_byes_sent_total",
         label: None,
         read: |c| c.byes_sent,
+    },
+    Series {
+        name: "moshid_sip_outbound_calls_total",
+        label: Some(("result", "placed")),
+        read: |c| c.placed,
+    },
+    Series {
+        name: "moshid_sip_outbound_calls_total",
+        label: Some(("result", "answered")),
+        read: |c| c.placed_answered,
+    },
+    Series {
+        name: "moshid_sip_outbound_calls_total",
+        label: Some(("result", "failed")),
+        read: |c| c.placed_failed,
+    },
+    Series {
+        name: "moshid_sip_registrations_total",
+        label: Some(("result", "ok")),
+        read: |c| c.registered,
+    },
+    Series {
+        name: "moshid_sip_registrations_total",
+        label: Some(("result", "failed")),
+        read: |c| c.registration_failures,
     },
     Series {
         name: "moshid_sip_tcp_messages_dropped_total",
@@ -190,6 +215,14 @@ pub fn describe() {
         "BYEs sent by moshid (max_session_seconds, the session's end, shutdown)"
     );
     describe_counter!(
+        "moshid_sip_outbound_calls_total",
+        "Calls moshid placed (POST /v1/sip/calls): placed (INVITE sent), answered, failed (never answered)"
+    );
+    describe_counter!(
+        "moshid_sip_registrations_total",
+        "REGISTERs to sip.registrations' registrars: ok (binding granted or refreshed), failed"
+    );
+    describe_counter!(
         "moshid_sip_tcp_messages_dropped_total",
         "SIP messages for a TCP connection that was gone or did not read (connection closed)"
     );
@@ -236,12 +269,17 @@ mod tests {
             calls: 12,
             cancelled: 13,
             byes_sent: 14,
+            placed: 15,
+            placed_answered: 16,
+            placed_failed: 17,
+            registered: 18,
+            registration_failures: 19,
         };
         let p = SipPublished::new(3);
-        p.publish(&c, 2, 15);
+        p.publish(&c, 2, 20);
         let got: Vec<u64> = p.values.iter().map(|v| v.load(Ordering::Relaxed)).collect();
-        // Each field lands in its own series: 1..=15 in order, none twice.
-        assert_eq!(got, (1..=15).collect::<Vec<u64>>());
+        // Each field lands in its own series: 1..=20 in order, none twice.
+        assert_eq!(got, (1..=20).collect::<Vec<u64>>());
         assert_eq!(p.calls_now.load(Ordering::Relaxed), 2);
     }
 }

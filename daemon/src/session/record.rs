@@ -111,6 +111,12 @@ impl SessionRecord {
         }
     }
 
+    /// Counts the session's length from now (a session reserved before its
+    /// media began: an outbound call that rang first).
+    pub fn restart_clock(&mut self) {
+        self.started = Some(Instant::now());
+    }
+
     /// Seconds since the start.
     pub fn elapsed_secs(&self) -> f64 {
         self.started.map_or(0.0, |t| t.elapsed().as_secs_f64())

@@ -170,24 +170,33 @@ impl CreateRequest {
 
     /// The session parameters as `(key, value)` pairs.
     pub fn param_pairs(&self) -> Result<Vec<(String, String)>, FieldError> {
-        self.params
-            .iter()
-            .map(|(k, v)| {
-                let s = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => {
-                        return Err(field(
-                            "params",
-                            format!("`{k}` must be a string, number or boolean"),
-                        ))
-                    }
-                };
-                Ok((k.clone(), s))
-            })
-            .collect()
+        param_pairs(&self.params)
     }
+}
+
+/// A JSON `params` object as `(key, value)` pairs (strings, numbers and
+/// booleans; anything else is refused naming the key). Shared by the
+/// control calls that take session parameters.
+pub fn param_pairs(
+    params: &serde_json::Map<String, Value>,
+) -> Result<Vec<(String, String)>, FieldError> {
+    params
+        .iter()
+        .map(|(k, v)| {
+            let s = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => {
+                    return Err(field(
+                        "params",
+                        format!("`{k}` must be a string, number or boolean"),
+                    ))
+                }
+            };
+            Ok((k.clone(), s))
+        })
+        .collect()
 }
 
 /// Serves one request to these endpoints.

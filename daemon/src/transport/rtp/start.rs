@@ -3,18 +3,29 @@
 //! call's INVITE — so that both get the same audio path, admission, event
 //! stream, registry entry and task.
 //!
-//! Order (invariant): every buffer and the socket are made before the slot
-//! is taken; once admitted, nothing can fail without the slot being given
-//! back; the event stream is registered before the session's id is handed
-//! out, so `/v1/sessions/{id}/events` works from the first answer.
+//! Two halves: [`reserve`] (socket, slot, event stream) and [`launch`]
+//! (audio path, handle, registry entry, task). [`start`] runs both at once;
+//! an outbound SIP call reserves when it places the call and launches when
+//! the answer names the codec.
+//!
+//! Order (invariant): the socket is made before the slot is taken, and in
+//! [`start`] the audio path too; once admitted, nothing can fail without
+//! the slot being given back ([`Reservation::abandon`], or the session
+//! task's end); the event stream is registered before the session's id is
+//! handed out, so `/v1/sessions/{id}/events` works from the first answer.
 
 use super::session::{self, MediaPath, NewSession, SessionSpec};
 use super::state::{SessionHandle, SessionInfo};
+use crate::engine::admission::Ticket;
 use crate::events::webhook::WebhookUrl;
+use crate::events::EventSink;
 use crate::io::app::CoreApp;
-use crate::session::record::SessionRecord;
+use crate::io::mailbox::Mailbox;
+use crate::session::record::{EndReason, SessionRecord};
+use glommio::net::UdpSocket;
 use moshid_model::streaming::SessionParams;
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// What to start.
@@ -61,23 +72,79 @@ pub struct Started {
     pub port: u16,
 }
 
+/// A session's socket, slot and event stream, taken before its codec is
+/// known (an outbound SIP call learns it from the answer): the first half
+/// of [`start`], [`launch`] is the second. While reserved, the slot is
+/// held (no frames reach the engine), the session id is given out, and
+/// `/v1/sessions/{id}/events` answers; [`Reservation::abandon`] gives it
+/// all back with a final record.
+pub struct Reservation {
+    socket: UdpSocket,
+    ticket: Ticket,
+    mailbox: Rc<Mailbox>,
+    rec: SessionRecord,
+    events: EventSink,
+    transport: &'static str,
+    /// The address the far end sends RTP to.
+    pub address: IpAddr,
+    /// Its port.
+    pub port: u16,
+}
+
+impl Reservation {
+    /// The session id.
+    pub fn id(&self) -> u64 {
+        self.rec.id
+    }
+
+    /// Whether the daemon is shutting down (the session would end at once).
+    pub fn shutdown_requested(&self) -> bool {
+        self.mailbox.shutdown_requested()
+    }
+
+    /// Gives the slot back and ends the event stream with a final record
+    /// ending for `reason` (the call was never answered).
+    pub fn abandon(mut self, app: &CoreApp, reason: EndReason) {
+        self.rec.end(reason);
+        self.events.finish(&self.rec);
+        app.ctx.end_session(self.ticket);
+        self.rec.log();
+    }
+}
+
 /// Starts a session on this core: socket, audio path, slot, events,
 /// registry, task.
 pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
+    let cfg = &app.shared.config;
+    // Every buffer is made before the slot is taken.
+    let media = MediaPath::new(&req.spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
+        .map_err(|e| StartError::Internal(format!("cannot set up the audio path: {e}")))?;
+    let reservation = reserve(
+        app,
+        req.params,
+        req.webhook,
+        req.transport,
+        req.alias,
+        req.reached_at,
+    )?;
+    launch(app, reservation, req.spec, media)
+}
+
+/// Takes a socket, a slot and an event stream for a session whose codec is
+/// not known yet (see [`Reservation`]).
+pub fn reserve(
+    app: &CoreApp,
+    params: SessionParams,
+    webhook: Option<WebhookUrl>,
+    transport: &'static str,
+    alias: Option<String>,
+    reached_at: Option<IpAddr>,
+) -> Result<Reservation, StartError> {
     let shared = &app.shared;
     let cfg = &shared.config;
-    let limit = || {
-        StartError::NoCapacity(format!(
-            "RTP session limit reached (rtp.max_sessions = {})",
-            cfg.rtp.max_sessions
-        ))
-    };
     if shared.rtp.len() >= cfg.rtp.max_sessions {
-        return Err(limit());
+        return Err(limit(cfg.rtp.max_sessions));
     }
-    let spec = req.spec;
-    let media = MediaPath::new(&spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
-        .map_err(|e| StartError::Internal(format!("cannot set up the audio path: {e}")))?;
     let bind_ip = cfg.rtp.bind_address.unwrap_or(cfg.listen.address.ip());
     let socket = session::bind(bind_ip)
         .map_err(|e| StartError::Internal(format!("cannot bind a UDP socket on {bind_ip}: {e}")))?;
@@ -87,16 +154,69 @@ pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
     // A socket bound to every interface is reached at the address the
     // request came in on.
     let address = if local.ip().is_unspecified() {
-        req.reached_at.unwrap_or(local.ip())
+        reached_at.unwrap_or(local.ip())
     } else {
         local.ip()
     };
-    let mut rec = SessionRecord::start(shared.session_id(), req.transport);
+    let mut rec = SessionRecord::start(shared.session_id(), transport);
     let (ticket, mailbox) = app
         .ctx
-        .admit(req.params, cfg.session.max_frames_in_flight + 1)
+        .admit(params, cfg.session.max_frames_in_flight + 1)
         .map_err(|refusal| StartError::NoCapacity(refusal.to_string()))?;
     rec.slot = Some(ticket.slot);
+    let events = shared.events.open(
+        &rec,
+        alias,
+        app.ctx.core,
+        crate::events::SessionState::Waiting,
+        webhook,
+    );
+    Ok(Reservation {
+        socket,
+        ticket,
+        mailbox,
+        rec,
+        events,
+        transport,
+        address,
+        port: local.port(),
+    })
+}
+
+fn limit(max: usize) -> StartError {
+    StartError::NoCapacity(format!(
+        "RTP session limit reached (rtp.max_sessions = {max})"
+    ))
+}
+
+/// Runs a reserved session with codec `spec` over `media` (made from the
+/// same spec): its handle, registry entry and task. The registry's bound
+/// (`rtp.max_sessions`) is checked again here, as other cores may have
+/// filled it since [`reserve`]: then the reservation is given back.
+pub fn launch(
+    app: &CoreApp,
+    r: Reservation,
+    spec: SessionSpec,
+    media: MediaPath,
+) -> Result<Started, StartError> {
+    let max = app.shared.config.rtp.max_sessions;
+    if app.shared.rtp.len() >= max {
+        r.abandon(app, EndReason::Refused(limit(max).to_string()));
+        return Err(limit(max));
+    }
+    let Reservation {
+        socket,
+        ticket,
+        mailbox,
+        mut rec,
+        events,
+        transport,
+        address,
+        port,
+    } = r;
+    // The session's length counts from its media (an outbound call may
+    // have rung for a while).
+    rec.restart_clock();
     let id = rec.id.to_string();
     let info = SessionInfo {
         codec: spec.codec.name(),
@@ -105,31 +225,29 @@ pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
         ptime_ms: spec.ptime_ms,
         dtmf_payload_type: spec.dtmf_payload_type,
         address: address.to_string(),
-        port: local.port(),
+        port,
         remote: spec.remote.map(|r| r.to_string()),
         core: app.ctx.core,
         resample_in_ms: media.res_in.delay_ms(),
         resample_out_ms: media.res_out.delay_ms(),
     };
     let handle = Arc::new(SessionHandle::new(id.clone(), info));
-    handle.attach_events(shared.events.open(
-        &rec,
-        req.alias,
-        app.ctx.core,
-        crate::events::SessionState::Waiting,
-        req.webhook,
-    ));
-    if !shared.rtp.insert(handle.clone(), cfg.rtp.max_sessions) {
+    handle.attach_events(events);
+    if !app.shared.rtp.insert(handle.clone(), max) {
+        // Another core filled the registry between the check and here.
+        rec.end(EndReason::Refused(limit(max).to_string()));
+        if let Some(events) = handle.take_events() {
+            events.finish(&rec);
+        }
         app.ctx.end_session(ticket);
-        return Err(limit());
+        rec.log();
+        return Err(limit(max));
     }
     eprintln!(
-        "<6>rtp session start id={id} transport={} codec={} pt={} ptime_ms={} port={} remote={} core={}",
-        req.transport,
+        "<6>rtp session start id={id} transport={transport} codec={} pt={} ptime_ms={} port={port} remote={} core={}",
         spec.codec.name(),
         spec.payload_type,
         spec.ptime_ms,
-        local.port(),
         spec.remote.map_or("-".to_string(), |r| r.to_string()),
         app.ctx.core
     );
@@ -146,6 +264,6 @@ pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
     Ok(Started {
         handle,
         address,
-        port: local.port(),
+        port,
     })
 }

@@ -1,6 +1,7 @@
 //! Writing SIP messages: responses to a request (RFC 3261 §8.2.6: Via,
 //! From, To, Call-ID and CSeq copied, the To tag added) and the requests
-//! moshid sends within a dialog (BYE). Tags and branches come from
+//! moshid sends (BYE within a dialog; the INVITE, ACK and CANCEL of the
+//! calls it places; REGISTER). Tags and branches come from
 //! [`Ids`]: random per core, unique per message.
 
 use super::message::Request;
@@ -67,6 +68,7 @@ pub fn reason(code: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
+        402 => "Payment Required",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
@@ -161,6 +163,19 @@ pub struct InDialog<'a> {
 
 /// A request of `method` within a dialog, with a fresh `branch`.
 pub fn request(method: &str, d: &InDialog<'_>, branch: &str) -> Vec<u8> {
+    request_with(method, d, branch, &[], None)
+}
+
+/// A request of `method` with `branch`, further header lines `extra`
+/// (`Name: value`, no CRLF) and an SDP body: within a dialog, or, with no
+/// tag on `remote_party`, one that starts one (moshid's INVITE, REGISTER).
+pub fn request_with(
+    method: &str,
+    d: &InDialog<'_>,
+    branch: &str,
+    extra: &[String],
+    sdp: Option<&str>,
+) -> Vec<u8> {
     let mut s = String::with_capacity(512);
     let _ = write!(s, "{method} {} SIP/2.0\r\n", d.target);
     let _ = write!(s, "Via: SIP/2.0/{};branch={branch};rport\r\n", d.via);
@@ -172,7 +187,20 @@ pub fn request(method: &str, d: &InDialog<'_>, branch: &str) -> Vec<u8> {
     let _ = write!(s, "To: {}\r\n", d.remote_party);
     let _ = write!(s, "Call-ID: {}\r\n", d.call_id);
     let _ = write!(s, "CSeq: {} {method}\r\n", d.cseq);
-    let _ = write!(s, "User-Agent: {SERVER}\r\nContent-Length: 0\r\n\r\n");
+    let _ = write!(s, "User-Agent: {SERVER}\r\n");
+    for h in extra {
+        let _ = write!(s, "{h}\r\n");
+    }
+    match sdp {
+        Some(body) => {
+            let _ = write!(
+                s,
+                "Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+        None => s.push_str("Content-Length: 0\r\n\r\n"),
+    }
     s.into_bytes()
 }
 

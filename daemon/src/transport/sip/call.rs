@@ -2,6 +2,9 @@
 //! parties are, the route back, the RTP session carrying its media, and
 //! where it stands.
 //!
+//! A call moshid placed (`POST /v1/sip/calls`, [`super::uac`]) enters as
+//! `Confirmed` once its 200 is ACKed; from there both kinds are the same.
+//!
 //! States: `Ringing` (180 sent, 200 due at `answer_at`: the window in which
 //! a CANCEL gets 487) → `Answered` (200 sent and retransmitted, T1
 //! doubling up to T2, until the ACK; 64·T1 without one ends the call with a
@@ -24,10 +27,14 @@ use std::time::Instant;
 /// Where a call stands.
 #[derive(Debug)]
 pub enum CallState {
-    /// 180 sent; the 200 goes at `answer_at`.
+    /// 180 sent; the 200 goes at `answer_at` (calls moshid answers only).
     Ringing {
         /// When to answer.
         answer_at: Instant,
+        /// The INVITE (answered with 200 or 487).
+        invite: Box<super::message::Request>,
+        /// The key of its transaction (for CANCEL).
+        invite_tx: String,
     },
     /// 200 sent, no ACK yet.
     Answered {
@@ -74,23 +81,27 @@ pub struct Call {
     pub remote_cseq: u32,
     /// Our CSeq (requests we send).
     pub local_cseq: u32,
-    /// The key of the INVITE transaction that made the call (for CANCEL).
-    pub invite_tx: String,
-    /// The INVITE (answered with 200 or 487).
-    pub invite: super::message::Request,
+    /// Our SIP address in this dialog (Via, Contact).
+    pub local_sip: SocketAddr,
+    /// For a call moshid placed (`POST /v1/sip/calls`), its status.
+    pub outbound: Option<Arc<super::status::OutboundCall>>,
+    /// For a call moshid placed, the ACK of its 200 (sent again for each
+    /// retransmitted 200).
+    pub ack: Option<Vec<u8>>,
     /// The RTP session.
     pub session: Arc<SessionHandle>,
-    /// Our RTP address (the answer's c=/m=).
+    /// Our RTP address (our SDP's c=/m=).
     pub media: SocketAddr,
-    /// The offer and what was chosen from it.
+    /// The peer's SDP (the offer it made, or the answer to moshid's offer)
+    /// and what was chosen from it.
     pub offer: Offer,
     /// The chosen codec.
     pub choice: Choice,
-    /// The answer's `o=` id and version (a re-INVITE's answer bumps it).
+    /// Our SDP's `o=` id (a re-INVITE's answer bumps its version).
     pub sdp_id: u64,
-    /// The answer's version.
+    /// Our SDP's version.
     pub sdp_version: u64,
-    /// The current answer.
+    /// Our current SDP (the answer, or the offer of a call moshid placed).
     pub answer: String,
     /// Where the call stands.
     pub state: CallState,

@@ -5,7 +5,8 @@
 //! 64·T1). Off loopback a caller must be vouched for: `allowed_sources`
 //! must list the trunks' and PBXs' addresses, or `auth` must hold digest
 //! credentials, or both (the endpoint refuses to start otherwise, as
-//! AudioSocket does).
+//! AudioSocket does). `outbound` and `registrations` configure what
+//! moshid starts itself: calls it places, bindings it keeps at registrars.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -68,6 +69,88 @@ pub struct SipConfig {
     /// none. When set, an INVITE from a source not in `allowed_sources`
     /// must answer a challenge, on loopback too.
     pub auth: Option<SipAuthConfig>,
+    /// Calls moshid places (`POST /v1/sip/calls`).
+    pub outbound: SipOutboundConfig,
+    /// Registrations moshid keeps with registrars (REGISTER, refreshed), so
+    /// that a PBX routes an extension to it. At most
+    /// [`MAX_REGISTRATIONS`].
+    pub registrations: Vec<SipRegistrationConfig>,
+}
+
+/// Registrations kept at once.
+pub const MAX_REGISTRATIONS: usize = 16;
+
+/// A username and password moshid answers a digest challenge with (its
+/// own calls and registrations).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SipClientCredentials {
+    /// The digest username.
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+/// `sip.outbound`: the calls moshid places.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SipOutboundConfig {
+    /// Calls being placed or in progress at once, daemon-wide; beyond,
+    /// `POST /v1/sip/calls` answers 503.
+    pub max_calls: usize,
+    /// Ended calls whose outcome `GET /v1/sip/calls/{id}` still shows (the
+    /// oldest is forgotten first).
+    pub keep_ended: usize,
+    /// How long a call may ring before moshid CANCELs it, in seconds.
+    pub ring_timeout_s: u64,
+    /// The From of moshid's INVITEs (`sip:user@host`); default
+    /// `sip:moshid@` and the address moshid sends from.
+    pub from: Option<String>,
+    /// Credentials for a 401 or 407 challenge to an INVITE; `null`: a
+    /// challenged call fails.
+    pub auth: Option<SipClientCredentials>,
+}
+
+impl Default for SipOutboundConfig {
+    fn default() -> Self {
+        SipOutboundConfig {
+            max_calls: 64,
+            keep_ended: 256,
+            ring_timeout_s: 60,
+            from: None,
+            auth: None,
+        }
+    }
+}
+
+/// One `sip.registrations` entry: a binding moshid keeps at a registrar.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SipRegistrationConfig {
+    /// The registrar (`sip:host[:port]`: the REGISTER's Request-URI and
+    /// where it is sent).
+    pub registrar: String,
+    /// The address of record registered (`sip:600@pbx.example`): the To
+    /// and From of the REGISTER.
+    pub aor: String,
+    /// Credentials for the registrar's challenge; `null`: none.
+    #[serde(default)]
+    pub auth: Option<SipClientCredentials>,
+    /// The binding's lifetime asked for, in seconds (the registrar may
+    /// shorten it); refreshed before it runs out.
+    #[serde(default = "default_expires_s")]
+    pub expires_s: u32,
+    /// After a failed REGISTER, the wait before the next, in seconds.
+    #[serde(default = "default_retry_s")]
+    pub retry_s: u32,
+}
+
+fn default_expires_s() -> u32 {
+    600
+}
+
+fn default_retry_s() -> u32 {
+    30
 }
 
 /// `sip.auth`: who may call with a password.
@@ -188,8 +271,97 @@ impl Default for SipConfig {
             params: BTreeMap::new(),
             users: BTreeMap::new(),
             auth: None,
+            outbound: SipOutboundConfig::default(),
+            registrations: Vec::new(),
         }
     }
+}
+
+/// Checks credentials at `key`.
+fn validate_credentials(
+    key: &'static str,
+    c: &SipClientCredentials,
+) -> Result<(), (&'static str, String)> {
+    if c.username.is_empty() || c.username.len() > 128 || c.username.chars().any(char::is_control) {
+        return Err((
+            key,
+            "username must be 1 to 128 characters without control characters".into(),
+        ));
+    }
+    if c.password.is_empty() {
+        return Err((key, "password must not be empty".into()));
+    }
+    Ok(())
+}
+
+/// Checks a `sip:` URI at `key`, with a user when `user` says so.
+fn validate_uri(key: &'static str, uri: &str, user: bool) -> Result<(), (&'static str, String)> {
+    let u = super::uri::SipUri::parse(uri).map_err(|e| (key, format!("`{uri}`: {e}")))?;
+    if u.scheme != "sip" {
+        return Err((key, format!("`{uri}`: only sip: URIs (no TLS)")));
+    }
+    if user && u.user.is_none() {
+        return Err((key, format!("`{uri}`: a user is required (sip:user@host)")));
+    }
+    if uri.len() > 256 || uri.chars().any(|c| c.is_control() || c == ' ' || c == '<' || c == '>') {
+        return Err((
+            key,
+            format!("`{uri}`: at most 256 characters, no spaces or angle brackets"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `sip.outbound` and `sip.registrations`.
+fn validate_client(c: &SipConfig) -> Result<(), (&'static str, String)> {
+    let o = &c.outbound;
+    if !(1..=100_000).contains(&o.max_calls) {
+        return Err((
+            "sip.outbound.max_calls",
+            "must be between 1 and 100000".into(),
+        ));
+    }
+    if o.keep_ended > 100_000 {
+        return Err(("sip.outbound.keep_ended", "must be at most 100000".into()));
+    }
+    if !(1..=600).contains(&o.ring_timeout_s) {
+        return Err((
+            "sip.outbound.ring_timeout_s",
+            "must be between 1 and 600".into(),
+        ));
+    }
+    if let Some(from) = &o.from {
+        validate_uri("sip.outbound.from", from, true)?;
+    }
+    if let Some(a) = &o.auth {
+        validate_credentials("sip.outbound.auth", a)?;
+    }
+    if c.registrations.len() > MAX_REGISTRATIONS {
+        return Err((
+            "sip.registrations",
+            format!("at most {MAX_REGISTRATIONS} entries"),
+        ));
+    }
+    for r in &c.registrations {
+        validate_uri("sip.registrations.registrar", &r.registrar, false)?;
+        validate_uri("sip.registrations.aor", &r.aor, true)?;
+        if let Some(a) = &r.auth {
+            validate_credentials("sip.registrations.auth", a)?;
+        }
+        if !(60..=86_400).contains(&r.expires_s) {
+            return Err((
+                "sip.registrations.expires_s",
+                "must be between 60 and 86400".into(),
+            ));
+        }
+        if !(1..=3_600).contains(&r.retry_s) {
+            return Err((
+                "sip.registrations.retry_s",
+                "must be between 1 and 3600".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks `sip.*`: `(key, why)` on the first problem.
@@ -257,6 +429,7 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
     if let Some(a) = &c.auth {
         validate_auth(a)?;
     }
+    validate_client(c)?;
     if c.enabled {
         if c.address.port() != 0 && c.address == listen {
             return Err((
@@ -368,5 +541,55 @@ mod tests {
         assert_eq!(with(r#""nonce_seconds": 0"#), Err("sip.auth.nonce_seconds"));
         assert_eq!(with(r#""max_nonces": 0"#), Err("sip.auth.max_nonces"));
         assert_eq!(with(r#""nonse_seconds": 5"#), Err("parse"));
+    }
+
+    #[test]
+    fn outbound_and_registrations_are_checked() {
+        let c: SipConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(
+            (c.outbound.max_calls, c.outbound.ring_timeout_s),
+            (64, 60)
+        );
+        assert_eq!(
+            check(r#"{"outbound": {"from": "sip:agent@example.com", "auth": {"username": "u", "password": "p"}}}"#),
+            Ok(())
+        );
+        assert_eq!(check(r#"{"outbound": {"max_calls": 0}}"#), Err("sip.outbound.max_calls"));
+        assert_eq!(
+            check(r#"{"outbound": {"ring_timeout_s": 0}}"#),
+            Err("sip.outbound.ring_timeout_s")
+        );
+        assert_eq!(
+            check(r#"{"outbound": {"from": "sip:example.com"}}"#),
+            Err("sip.outbound.from")
+        );
+        assert_eq!(
+            check(r#"{"outbound": {"from": "tel:+1"}}"#),
+            Err("sip.outbound.from")
+        );
+        assert_eq!(
+            check(r#"{"outbound": {"auth": {"username": "u", "password": ""}}}"#),
+            Err("sip.outbound.auth")
+        );
+        let reg = |more: &str| {
+            check(&format!(
+                r#"{{"registrations": [{{"registrar": "sip:127.0.0.1:5070", "aor": "sip:600@pbx"{more}}}]}}"#
+            ))
+        };
+        assert_eq!(reg(""), Ok(()));
+        assert_eq!(reg(r#", "expires_s": 10"#), Err("sip.registrations.expires_s"));
+        assert_eq!(reg(r#", "retry_s": 0"#), Err("sip.registrations.retry_s"));
+        assert_eq!(
+            reg(r#", "auth": {"username": "", "password": "p"}"#),
+            Err("sip.registrations.auth")
+        );
+        assert_eq!(
+            check(r#"{"registrations": [{"registrar": "sip:h", "aor": "sip:pbx"}]}"#),
+            Err("sip.registrations.aor")
+        );
+        assert_eq!(
+            check(r#"{"registrations": [{"registrar": "http://h", "aor": "sip:a@pbx"}]}"#),
+            Err("sip.registrations.registrar")
+        );
     }
 }

@@ -94,6 +94,16 @@ pub fn response(i: &Inputs<'_>) -> String {
     ))
 }
 
+/// The response to a challenge without `qop` (RFC 2069, still sent by
+/// some registrars): `H(HA1 ":" nonce ":" HA2)`; `nc` and `cnonce` are
+/// not used. moshid answers such challenges but never issues one.
+pub fn response_without_qop(i: &Inputs<'_>) -> String {
+    let h = |s: String| i.algorithm.hex(s.as_bytes());
+    let ha1 = h(format!("{}:{}:{}", i.username, i.realm, i.password));
+    let ha2 = h(format!("{}:{}", i.method, i.uri));
+    h(format!("{ha1}:{}:{ha2}", i.nonce))
+}
+
 /// Whether `given` (lower-case hex) is the response `i` gives, compared in
 /// constant time.
 pub fn verify(i: &Inputs<'_>, given: &str) -> bool {

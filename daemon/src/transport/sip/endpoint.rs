@@ -89,6 +89,16 @@ pub struct SipCounters {
     pub cancelled: u64,
     /// BYEs sent by moshid.
     pub byes_sent: u64,
+    /// Calls moshid placed (INVITE sent).
+    pub placed: u64,
+    /// Placed calls answered.
+    pub placed_answered: u64,
+    /// Placed calls never answered (refused, cancelled, timed out).
+    pub placed_failed: u64,
+    /// REGISTERs answered 2xx.
+    pub registered: u64,
+    /// REGISTERs that failed (refused, timed out, unanswerable challenge).
+    pub registration_failures: u64,
 }
 
 /// Digest authentication on this core.
@@ -102,15 +112,22 @@ enum AuthState {
     Broken,
 }
 
-/// One core's endpoint.
+/// One core's endpoint. Its outbound half (calls moshid places) is in
+/// [`super::uac`], its registrations in [`super::register`].
 pub struct Endpoint {
-    app: CoreApp,
+    pub(super) app: CoreApp,
     /// The SIP address (Via and Contact of what moshid sends).
     local: SocketAddr,
-    timers: Timers,
+    /// The outbound socket's address.
+    out_local: SocketAddr,
+    pub(super) timers: Timers,
     txs: Table,
-    calls: HashMap<String, Call>,
-    ids: Ids,
+    pub(super) calls: HashMap<String, Call>,
+    /// Calls being placed, by Call-ID.
+    pub(super) outgoing: HashMap<String, super::uac::Outgoing>,
+    /// This core's registrations (core 0 keeps them all).
+    pub(super) registrations: Vec<super::register::Registration>,
+    pub(super) ids: Ids,
     out: Vec<(Peer, Vec<u8>)>,
     auth: AuthState,
     /// Counters.
@@ -123,8 +140,9 @@ fn cfg(app: &CoreApp) -> &SipConfig {
 }
 
 impl Endpoint {
-    /// An endpoint for `local` on this core.
-    pub fn new(app: CoreApp, local: SocketAddr) -> Endpoint {
+    /// An endpoint for `local` on this core, sending what it starts from
+    /// `out_local`.
+    pub fn new(app: CoreApp, local: SocketAddr, out_local: SocketAddr) -> Endpoint {
         let c = cfg(&app);
         let timers = Timers {
             t1: Duration::from_millis(c.t1_ms),
@@ -140,12 +158,20 @@ impl Endpoint {
                 }
             },
         };
+        let registrations = if app.ctx.core == 0 {
+            super::register::Registration::all(&app, Instant::now())
+        } else {
+            Vec::new()
+        };
         Endpoint {
             app,
             local,
+            out_local,
             timers,
             txs: Table::default(),
             calls: HashMap::new(),
+            outgoing: HashMap::new(),
+            registrations,
             ids: Ids::new(),
             out: Vec::new(),
             auth,
@@ -185,7 +211,7 @@ impl Endpoint {
                 if let Ok(m) = message::parse(data) {
                     if let message::StartLine::Response { code, .. } = m.start {
                         self.counters.responses += 1;
-                        self.on_response(&m, code, src);
+                        self.on_response(&m, code, src, now);
                     }
                 }
             }
@@ -242,8 +268,28 @@ impl Endpoint {
         }
     }
 
-    fn send(&mut self, to: Peer, bytes: Vec<u8>) {
+    pub(super) fn send(&mut self, to: Peer, bytes: Vec<u8>) {
         self.out.push((to, bytes));
+    }
+
+    /// Our SIP address towards `peer` (Via, Contact): the socket's own, or,
+    /// bound to every interface, the address the system routes `peer`
+    /// from (control plane only: a lookup per dialog, not per packet).
+    pub(super) fn local_for(&self, peer: Peer) -> SocketAddr {
+        let local = match peer.transport {
+            Transport::UdpOut => self.out_local,
+            Transport::Udp | Transport::Tcp => self.local,
+        };
+        if !local.ip().is_unspecified() {
+            return local;
+        }
+        let routed = std::net::UdpSocket::bind(SocketAddr::new(local.ip(), 0))
+            .and_then(|s| {
+                s.connect(peer.addr)?;
+                s.local_addr()
+            })
+            .map(|a| a.ip());
+        SocketAddr::new(routed.unwrap_or(local.ip()), local.port())
     }
 
     /// Answers `req` in its transaction.
@@ -269,9 +315,10 @@ impl Endpoint {
     /// Our Contact for a dialog with `peer` (RFC 3263: the transport is
     /// named when it is not UDP).
     fn contact(&self, peer: Peer) -> String {
+        let local = self.local_for(peer);
         match peer.transport {
-            Transport::Udp => format!("Contact: <sip:moshid@{}>", self.local),
-            Transport::Tcp => format!("Contact: <sip:moshid@{};transport=tcp>", self.local),
+            Transport::Udp | Transport::UdpOut => format!("Contact: <sip:moshid@{local}>"),
+            Transport::Tcp => format!("Contact: <sip:moshid@{local};transport=tcp>"),
         }
     }
 
@@ -407,7 +454,16 @@ impl Endpoint {
         }
     }
 
-    fn on_response(&mut self, m: &message::Message, code: u16, src: Peer) {
+    fn on_response(&mut self, m: &message::Message, code: u16, src: Peer, now: Instant) {
+        let method = m
+            .header("CSeq")
+            .and_then(|c| c.split_whitespace().nth(1))
+            .unwrap_or("");
+        match method {
+            "INVITE" | "CANCEL" => return self.on_client_response(m, code, src, now),
+            "REGISTER" => return self.on_register_response(m, code, src, now),
+            _ => {}
+        }
         if code < 200 {
             return;
         }
@@ -427,6 +483,10 @@ impl Endpoint {
             })
             .map(|(k, _)| k.clone())
             .collect();
+        if done.is_empty() {
+            let call_id = m.header("Call-ID").unwrap_or("").trim();
+            self.on_leaving_response(call_id, &branch, code);
+        }
         for k in done {
             self.end_call(&k, "bye_answered");
         }
@@ -587,8 +647,9 @@ impl Endpoint {
             peer: src,
             remote_cseq: req.cseq,
             local_cseq: 0,
-            invite_tx: key.to_string(),
-            invite: req.clone(),
+            local_sip: self.local_for(src),
+            outbound: None,
+            ack: None,
             session: started.handle.clone(),
             media,
             offer,
@@ -598,6 +659,8 @@ impl Endpoint {
             answer,
             state: CallState::Ringing {
                 answer_at: now + Duration::from_millis(c.ring_ms),
+                invite: Box::new(req.clone()),
+                invite_tx: key.to_string(),
             },
             started: now,
         };
@@ -631,9 +694,15 @@ impl Endpoint {
         let Some(call) = self.calls.get(ck) else {
             return;
         };
+        let CallState::Ringing {
+            invite, invite_tx, ..
+        } = &call.state
+        else {
+            return;
+        };
         let (req, key, src, tag, sdp) = (
-            call.invite.clone(),
-            call.invite_tx.clone(),
+            (**invite).clone(),
+            invite_tx.clone(),
             call.peer,
             call.local_tag.clone(),
             call.answer.clone(),
@@ -690,14 +759,14 @@ impl Endpoint {
             }
             Some((final_code, call)) => {
                 self.respond(req, key, src, 200, None, &[], None, now);
-                let ringing = call
-                    .as_ref()
-                    .and_then(|ck| self.calls.get(ck))
-                    .is_some_and(|c| matches!(c.state, CallState::Ringing { .. }));
-                if final_code.is_none() && ringing {
-                    let ck = call.expect("ringing call");
-                    let call = &self.calls[&ck];
-                    let (invite, tag) = (call.invite.clone(), call.local_tag.clone());
+                let ringing = call.and_then(|ck| match &self.calls.get(&ck)?.state {
+                    CallState::Ringing { invite, .. } => {
+                        let tag = self.calls[&ck].local_tag.clone();
+                        Some((ck, (**invite).clone(), tag))
+                    }
+                    _ => None,
+                });
+                if let (None, Some((ck, invite, tag))) = (final_code, ringing) {
                     self.respond(&invite, &invite_key, src, 487, Some(&tag), &[], None, now);
                     self.counters.cancelled += 1;
                     self.end_call(&ck, "cancelled");
@@ -782,13 +851,12 @@ impl Endpoint {
     }
 
     /// Sends moshid's BYE for call `ck`.
-    fn hang_up(&mut self, ck: &str, now: Instant) {
+    pub(super) fn hang_up(&mut self, ck: &str, now: Instant) {
         let branch = self.ids.branch();
-        let local = self.local;
         let Some(call) = self.calls.get_mut(ck) else {
             return;
         };
-        let via = format!("{} {local}", call.peer.transport.via_token());
+        let via = format!("{} {}", call.peer.transport.via_token(), call.local_sip);
         call.local_cseq += 1;
         let bye = build::request(
             "BYE",
@@ -818,6 +886,11 @@ impl Endpoint {
     fn end_call(&mut self, ck: &str, why: &str) {
         if let Some(call) = self.calls.remove(ck) {
             call.session.request_stop();
+            if let Some(status) = &call.outbound {
+                status.finished(None, why);
+                let keep = cfg(&self.app).outbound.keep_ended;
+                self.app.shared.sip.calls.retire(&status.id, keep);
+            }
             eprintln!(
                 "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",
                 call.call_id,
@@ -841,7 +914,7 @@ impl Endpoint {
         for (k, call) in self.calls.iter_mut() {
             let ended = call.session.state() == SessionState::Ended;
             match &mut call.state {
-                CallState::Ringing { answer_at } => {
+                CallState::Ringing { answer_at, .. } => {
                     if ended {
                         gone.push((k.clone(), "session_ended_ringing"));
                     } else if now >= *answer_at {
@@ -861,7 +934,8 @@ impl Endpoint {
                     }
                 }
                 CallState::Confirmed => {
-                    if ended {
+                    let asked = call.outbound.as_ref().is_some_and(|s| s.hang_up_requested());
+                    if ended || asked {
                         hang_up.push(k.clone());
                     }
                 }
@@ -880,6 +954,8 @@ impl Endpoint {
                 }
             }
         }
+        self.tick_outgoing(now);
+        self.tick_registrations(now);
         for k in answer {
             self.answer(&k, now);
         }
@@ -889,13 +965,18 @@ impl Endpoint {
         for (k, why) in gone {
             if why == "session_ended_ringing" {
                 if let Some(call) = self.calls.get(&k) {
-                    let (invite, key, peer, tag) = (
-                        call.invite.clone(),
-                        call.invite_tx.clone(),
-                        call.peer,
-                        call.local_tag.clone(),
-                    );
-                    self.respond(&invite, &key, peer, 480, Some(&tag), &[], None, now);
+                    if let CallState::Ringing {
+                        invite, invite_tx, ..
+                    } = &call.state
+                    {
+                        let (invite, key, peer, tag) = (
+                            (**invite).clone(),
+                            invite_tx.clone(),
+                            call.peer,
+                            call.local_tag.clone(),
+                        );
+                        self.respond(&invite, &key, peer, 480, Some(&tag), &[], None, now);
+                    }
                 }
             }
             self.end_call(&k, why);

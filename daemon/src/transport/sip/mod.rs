@@ -20,7 +20,11 @@
 //! source: UDP or a TCP connection), [`serve`] (a core's endpoint, its
 //! timer and the sending of what it answers), [`udp`] (the socket),
 //! [`tcp`] (the listener and its connections), [`framing`] (messages cut
-//! out of a TCP stream); digest
+//! out of a TCP stream); what moshid starts itself: [`uac`] (the calls it
+//! places), [`register`] (its registrations), [`client_auth`] (its answers
+//! to digest challenges), [`resolve`] (host names, off the core),
+//! [`status`] (what the control API sees of them) and [`control`]
+//! (`/v1/sip/calls`, `/v1/sip/registrations`); digest
 //! authentication in [`auth`] (the verdicts), [`auth_header`] (the
 //! `Authorization` header), [`digest`] (MD5 and SHA-256 responses) and
 //! [`nonce`] (signed nonces, the replay table).
@@ -45,7 +49,9 @@ pub mod auth;
 pub mod auth_header;
 pub mod build;
 pub mod call;
+pub mod client_auth;
 pub mod config;
+pub mod control;
 pub mod digest;
 pub mod endpoint;
 pub mod framing;
@@ -53,10 +59,14 @@ pub mod message;
 pub mod nonce;
 pub mod params;
 pub mod peer;
+pub mod register;
+pub mod resolve;
 pub mod sdp;
 pub mod serve;
+pub mod status;
 pub mod tcp;
 pub mod transaction;
+pub mod uac;
 pub mod udp;
 pub mod uri;
 

@@ -1,6 +1,8 @@
 //! SDP offer/answer for SIP calls (RFC 3264, RFC 4566/8866): read the
 //! offer (parsed by the `sdp-types` crate), pick the codec by the
-//! configured preference, and write the answer.
+//! configured preference, and write the answer; for the calls moshid
+//! places, write the offer ([`write_offer`]) and read the answer
+//! ([`accept_answer`]).
 //!
 //! What an offer must have: one `m=audio` line with a non-zero port over
 //! `RTP/AVP` (or `RTP/AVPF`; `RTP/SAVP` is refused: no SRTP here), a
@@ -385,6 +387,104 @@ pub fn write_answer(
     s
 }
 
+/// The payload types of moshid's offers: the static ones, and dynamic
+/// ones that stay clear of RTCP's 72–95 (RFC 5761).
+const OFFER_OPUS_PT: u8 = 111;
+const OFFER_L16_PT: u8 = 98;
+/// L16's rate in an offer (wideband: what a PBX that takes L16 takes).
+const OFFER_L16_RATE_HZ: u32 = 16_000;
+
+/// Writes moshid's offer for a call it places (RFC 3264 §5): every codec
+/// of `preference` in that order on one audio line, `telephone-event` at
+/// each codec clock when `dtmf`, `ptime_ms`, `sendrecv`.
+pub fn write_offer(
+    preference: &[String],
+    dtmf: bool,
+    ptime_ms: u32,
+    local: SocketAddr,
+    session_id: u64,
+) -> String {
+    let ip = local.ip();
+    let mut formats: Vec<(u8, String)> = Vec::new();
+    for name in preference {
+        let f = match name.to_ascii_uppercase().as_str() {
+            "OPUS" => (OFFER_OPUS_PT, "opus/48000/2".to_string()),
+            "PCMU" => (0, "PCMU/8000".into()),
+            "PCMA" => (8, "PCMA/8000".into()),
+            "L16" => (OFFER_L16_PT, format!("L16/{OFFER_L16_RATE_HZ}")),
+            _ => continue,
+        };
+        formats.push(f);
+    }
+    if dtmf {
+        // One telephone-event per clock rate in use (RFC 4733 §2.5.1.1).
+        let mut clocks: Vec<u32> = Vec::new();
+        for (_, map) in &formats {
+            let clock: u32 = map
+                .split('/')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(8000);
+            if !clocks.contains(&clock) {
+                clocks.push(clock);
+            }
+        }
+        for (i, clock) in clocks.into_iter().enumerate() {
+            formats.push((101 + i as u8, format!("telephone-event/{clock}")));
+        }
+    }
+    let pts: Vec<String> = formats.iter().map(|(pt, _)| pt.to_string()).collect();
+    let mut s = format!(
+        "v=0\r\no=moshid {session_id} 1 IN {k} {ip}\r\ns=moshid\r\nc=IN {k} {ip}\r\nt=0 0\r\n\
+         m=audio {} RTP/AVP {}\r\n",
+        local.port(),
+        pts.join(" "),
+        k = ip_kind(ip)
+    );
+    for (pt, map) in &formats {
+        s.push_str(&format!("a=rtpmap:{pt} {map}\r\n"));
+        if *pt == OFFER_OPUS_PT {
+            s.push_str(&format!("a=fmtp:{pt} useinbandfec=1\r\n"));
+        }
+        if map.starts_with("telephone-event") {
+            s.push_str(&format!("a=fmtp:{pt} 0-16\r\n"));
+        }
+    }
+    s.push_str(&format!("a=ptime:{ptime_ms}\r\na=sendrecv\r\n"));
+    s
+}
+
+/// Reads the answer to moshid's `offer` and picks the codec to use: the
+/// first of `preference` that the answer has on a payload type moshid
+/// offered for it (an answer may only narrow the offer, RFC 3264 §6.1).
+pub fn accept_answer(
+    offer: &str,
+    answer: &[u8],
+    preference: &[String],
+    dtmf: bool,
+    default_ptime_ms: u32,
+) -> Result<(Offer, Choice), OfferError> {
+    let ours = parse_offer(offer.as_bytes())?;
+    let mut theirs = parse_offer(answer)?;
+    if theirs.remote.is_none() && theirs.direction == Direction::SendOnly {
+        return Err(OfferError::NotAcceptable(
+            "the answer puts the call on hold (c=0.0.0.0)".into(),
+        ));
+    }
+    // Only formats moshid offered, on the payload types it gave them.
+    theirs.formats.retain(|f| {
+        ours.formats.iter().any(|o| {
+            o.pt == f.pt && o.name.eq_ignore_ascii_case(&f.name) && o.rate == f.rate
+        })
+    });
+    match negotiate(&theirs, preference, dtmf, default_ptime_ms) {
+        Negotiation::Agreed(choice) => Ok((theirs, choice)),
+        Negotiation::NoCodec(_) => Err(OfferError::NotAcceptable(
+            "the answer names no codec of moshid's offer".into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +527,56 @@ mod tests {
             negotiate(&o, &prefs(&["L16"]), true, 20),
             Negotiation::NoCodec("opus/48000 PCMU/8000 PCMA/8000 telephone-event/8000".into())
         );
+    }
+
+    #[test]
+    fn offers_and_reads_answers() {
+        let all = prefs(&["opus", "PCMU", "PCMA", "L16"]);
+        let offer = write_offer(&all, true, 20, "127.0.0.1:40000".parse().unwrap(), 9);
+        // moshid's own parser reads its offer, and negotiates it.
+        let o = parse_offer(offer.as_bytes()).unwrap();
+        assert_eq!(o.remote, Some("127.0.0.1:40000".parse().unwrap()));
+        let names: Vec<String> = o.formats.iter().map(|f| format!("{}/{}", f.name, f.rate)).collect();
+        assert_eq!(
+            names,
+            [
+                "opus/48000",
+                "PCMU/8000",
+                "PCMA/8000",
+                "L16/16000",
+                "telephone-event/48000",
+                "telephone-event/8000",
+                "telephone-event/16000"
+            ]
+        );
+        let Negotiation::Agreed(c) = negotiate(&o, &prefs(&["L16"]), true, 20) else {
+            panic!()
+        };
+        assert_eq!((c.pt, c.dtmf_pt), (98, Some(103)));
+        // A PBX's answer: PCMU and its DTMF, at 30 ms.
+        let answer = "v=0\r\no=pbx 1 1 IN IP4 127.0.0.2\r\ns=-\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n\
+            m=audio 30000 RTP/AVP 0 102\r\na=rtpmap:102 telephone-event/8000\r\na=ptime:30\r\na=sendrecv\r\n";
+        let (theirs, c) = accept_answer(&offer, answer.as_bytes(), &all, true, 20).unwrap();
+        assert_eq!(theirs.remote, Some("127.0.0.2:30000".parse().unwrap()));
+        assert_eq!((c.codec, c.pt, c.dtmf_pt, c.ptime_ms), (CodecSpec::PCMU, 0, Some(102), 30));
+        // 101 is telephone-event/48000 in moshid's offer: not taken for PCMU's clock.
+        let other = answer.replace(" 0 102", " 0 101").replace("a=rtpmap:102 telephone-event/8000", "a=rtpmap:101 telephone-event/8000");
+        let r = accept_answer(&offer, other.as_bytes(), &all, true, 20).unwrap();
+        assert_eq!(r.1.dtmf_pt, None);
+        // Formats moshid did not offer, or on other payload types, are not taken.
+        for bad in [
+            "m=audio 30000 RTP/AVP 18\r\na=rtpmap:18 G729/8000\r\n",
+            "m=audio 30000 RTP/AVP 96\r\na=rtpmap:96 opus/48000/2\r\n",
+            "m=audio 30000 RTP/AVP 0\r\n",
+        ] {
+            let a = format!("v=0\r\no=- 1 1 IN IP4 127.0.0.2\r\ns=-\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n{bad}");
+            let r = accept_answer(&offer, a.as_bytes(), &prefs(&["opus", "PCMA"]), true, 20);
+            assert!(matches!(r, Err(OfferError::NotAcceptable(_))), "{bad}: {r:?}");
+        }
+        assert!(matches!(
+            accept_answer(&offer, b"garbage", &all, true, 20),
+            Err(OfferError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -1,9 +1,12 @@
-//! SIP on one I/O core: the [`Endpoint`], its UDP socket ([`super::udp`]),
-//! its TCP listener and connections ([`super::tcp`]), the timer task that
+//! SIP on one I/O core: the [`Endpoint`], its UDP sockets ([`super::udp`]:
+//! the listening one and the outbound one), its TCP listener and
+//! connections ([`super::tcp`]), the timer task that
 //! drives the endpoint every [`TICK`] and publishes its counters for
 //! `/metrics` ([`crate::metrics::sip`]), and [`Wire::flush`], which sends
 //! each message the endpoint queued the way its peer came: a datagram from
 //! the UDP socket, or onto the queue of the peer's TCP connection.
+//! [`with_wire`] lends the core's wire to the control API on the same core
+//! (`POST /v1/sip/calls` places a call through it).
 //!
 //! Invariants: the endpoint is borrowed only between awaits (never across
 //! one), so the tasks of a core take turns on it; what the endpoint queues
@@ -29,11 +32,23 @@ use std::time::{Duration, Instant};
 /// retransmission within 4 % of its time).
 pub const TICK: Duration = Duration::from_millis(20);
 
+thread_local! {
+    /// This core's wire, while SIP serves on it.
+    static WIRE: RefCell<Option<Rc<Wire>>> = const { RefCell::new(None) };
+}
+
+/// This core's wire, when SIP serves on it (the control API's way in).
+pub fn current_wire() -> Option<Rc<Wire>> {
+    WIRE.with(|w| w.borrow().clone())
+}
+
 /// One core's SIP: the endpoint and the ways out of it.
 pub struct Wire {
     /// The endpoint (borrowed between awaits only).
     pub endpoint: RefCell<Endpoint>,
     udp: UdpSocket,
+    /// The outbound socket (outbound calls, registrations).
+    udp_out: UdpSocket,
     /// The open TCP connections' send queues, by remote address.
     tcp: RefCell<HashMap<SocketAddr, LocalSender<Vec<u8>>>>,
     /// Messages dropped: their connection was gone or its queue full.
@@ -51,6 +66,9 @@ impl Wire {
                 // A failed send is a lost datagram: the timers resend what matters.
                 Transport::Udp => {
                     let _ = self.udp.send_to(&bytes, to.addr).await;
+                }
+                Transport::UdpOut => {
+                    let _ = self.udp_out.send_to(&bytes, to.addr).await;
                 }
                 Transport::Tcp => self.send_tcp(to.addr, bytes),
             }
@@ -84,6 +102,11 @@ impl Wire {
         &self.udp
     }
 
+    /// The outbound UDP socket.
+    pub fn udp_out(&self) -> &UdpSocket {
+        &self.udp_out
+    }
+
     /// Registers connection `peer`'s send queue.
     pub fn connected(&self, peer: SocketAddr, queue: LocalSender<Vec<u8>>) {
         self.tcp.borrow_mut().insert(peer, queue);
@@ -105,13 +128,26 @@ impl Wire {
     }
 }
 
-/// Serves SIP on this core, over `udp` and, when given, `tcp`, until
-/// cancelled.
-pub async fn serve(udp: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
+/// Clears the core's wire when the SIP task ends.
+struct Registered;
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        WIRE.with(|w| w.borrow_mut().take());
+    }
+}
+
+/// Serves SIP on this core, over `udp` and, when given, `tcp`, and starts
+/// outbound calls and registrations over `udp_out`, until cancelled.
+pub async fn serve(udp: UdpSocket, udp_out: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
     let local = udp.local_addr().unwrap_or(app.shared.config.sip.address);
+    let out_local = udp_out
+        .local_addr()
+        .unwrap_or(SocketAddr::new(local.ip(), 0));
     let wire = Rc::new(Wire {
-        endpoint: RefCell::new(Endpoint::new(app.clone(), local)),
+        endpoint: RefCell::new(Endpoint::new(app.clone(), local, out_local)),
         udp,
+        udp_out,
         tcp: RefCell::new(HashMap::new()),
         tcp_dropped: Cell::new(0),
         published: app.ctx.engine.metrics.register_sip(app.ctx.core),
@@ -122,6 +158,18 @@ pub async fn serve(udp: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
         glommio::spawn_local(async move {
             loop {
                 glommio::timer::sleep(TICK).await;
+                // Registrars named by host name are looked up off the core.
+                let lookups = wire.endpoint.borrow_mut().take_lookups();
+                for (i, host, port) in lookups {
+                    let wire = wire.clone();
+                    glommio::spawn_local(async move {
+                        let found = super::resolve::resolve(&host, port).await;
+                        wire.endpoint
+                            .borrow_mut()
+                            .resolved(i, found, Instant::now());
+                    })
+                    .detach();
+                }
                 wire.endpoint.borrow_mut().tick(Instant::now());
                 wire.flush().await;
                 wire.publish();
@@ -130,5 +178,12 @@ pub async fn serve(udp: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
     };
     let _tcp =
         tcp.map(|l| glommio::spawn_local(super::tcp::accept_loop(l, wire.clone(), app.clone())));
-    super::udp::receive(&wire, app.shared.config.sip.max_message_bytes).await;
+    let max_bytes = app.shared.config.sip.max_message_bytes;
+    let _out = {
+        let wire = wire.clone();
+        glommio::spawn_local(async move { super::udp::receive(&wire, true, max_bytes).await })
+    };
+    WIRE.with(|w| *w.borrow_mut() = Some(wire.clone()));
+    let _registered = Registered;
+    super::udp::receive(&wire, false, max_bytes).await;
 }

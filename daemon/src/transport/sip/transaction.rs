@@ -91,6 +91,17 @@ impl Backoff {
         self.next_at = now + self.interval;
         true
     }
+
+    /// [`Backoff::due`] without T2's cap: timer A of an INVITE client
+    /// transaction doubles until timer B ends it (RFC 3261 §17.1.1.2).
+    pub fn due_unbounded(&mut self, now: Instant) -> bool {
+        if now < self.next_at {
+            return false;
+        }
+        self.interval *= 2;
+        self.next_at = now + self.interval;
+        true
+    }
 }
 
 /// One server transaction.

@@ -1,6 +1,8 @@
 //! SIP over UDP on one I/O core: the socket (`SO_REUSEPORT`, one per core,
-//! so the kernel keeps each peer on one core) and its receiver, feeding
-//! the core's endpoint ([`super::serve`]).
+//! so the kernel keeps each peer on one core), the core's own outbound
+//! socket (a port of its own, for the calls and registrations moshid
+//! starts: see [`super::peer::Transport::UdpOut`]) and their receivers,
+//! feeding the core's endpoint ([`super::serve`]).
 //!
 //! Invariants: the receiver is never cancelled mid-read while the daemon
 //! serves (a cancelled io_uring read could lose a datagram); a datagram
@@ -28,9 +30,25 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) })
 }
 
-/// Receives datagrams into the endpoint until cancelled.
-pub async fn receive(wire: &Wire, max_bytes: usize) {
-    let socket = wire.udp();
+/// Binds the core's outbound socket: `ip` (the SIP address's), a port the
+/// kernel picks, no `SO_REUSEPORT` (its answers must reach this socket).
+pub fn bind_out(ip: std::net::IpAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let addr = SocketAddr::new(ip, 0);
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_recv_buffer_size(1 << 20);
+    socket.bind(&addr.into())?;
+    // SAFETY: the descriptor was just made by `socket2` and is handed over
+    // whole: nothing else owns or closes it.
+    Ok(unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) })
+}
+
+/// Receives datagrams from the listening socket (`out` false) or the
+/// outbound one (`out` true) into the endpoint until cancelled.
+pub async fn receive(wire: &Wire, out: bool, max_bytes: usize) {
+    let socket = if out { wire.udp_out() } else { wire.udp() };
+    let peer = if out { Peer::udp_out } else { Peer::udp };
     // One byte more than the limit tells an oversized datagram apart.
     let mut buf = vec![0u8; max_bytes + 1];
     let mut oversize = 0u64;
@@ -47,7 +65,7 @@ pub async fn receive(wire: &Wire, max_bytes: usize) {
             Ok((n, src)) => {
                 wire.endpoint
                     .borrow_mut()
-                    .on_message(&buf[..n], Peer::udp(src), Instant::now());
+                    .on_message(&buf[..n], peer(src), Instant::now());
                 wire.flush().await;
             }
             Err(_) => glommio::timer::sleep(Duration::from_millis(5)).await,
