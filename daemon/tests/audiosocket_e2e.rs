@@ -6,7 +6,9 @@
 //!
 //! * A healthy call gets back paced 20 ms slin messages of its own kind and
 //!   size (counted; arrival gaps printed, not asserted), silence first and
-//!   the model's audio after, and its DTMF digit shows in the call's log.
+//!   the model's audio after, and its DTMF digit shows in the call's log;
+//!   with metrics on, its core's decode / encode / send stages count its
+//!   audio messages, its model frames and the messages sent back.
 //! * Malformed calls (bad length, unknown kind, audio before the UUID, an
 //!   oversized payload) each end with an `0xff` message carrying the right
 //!   code and a close, while a concurrent healthy call completes untouched.
@@ -159,15 +161,34 @@ fn check_healthy(who: &str, msgs: &[Msg], expected_packets: usize) -> usize {
     n
 }
 
+/// The count of stage `stage`'s samples on every I/O core (`/metrics`).
+fn stage_count(d: &Daemon, stage: &str) -> u64 {
+    let (status, page) = http_request(d.addr, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{page}");
+    let series = format!("moshid_stage_duration_seconds_count{{stage=\"{stage}\",core=\"");
+    page.lines()
+        .filter_map(|l| l.strip_prefix(series.as_str()))
+        // Per core, not the `core="all"` sum.
+        .filter(|l| !l.starts_with("all"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
 #[test]
 fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(CONFIG);
+    let daemon = Daemon::start(
+        r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}, "metrics": {"enabled": true}}"#,
+    );
     let addr = daemon
         .audiosocket
         .expect("the daemon printed its AudioSocket address");
+    let before: Vec<u64> = ["decode", "encode", "send"]
+        .map(|s| stage_count(&daemon, s))
+        .into();
     let msgs = healthy_call(addr, 1, 2.0);
-    check_healthy("healthy call", &msgs, 100);
+    let sent = check_healthy("healthy call", &msgs, 100);
     let line = daemon.wait_for_log(
         &["audiosocket call end", "-000000000001"],
         Duration::from_secs(10),
@@ -191,6 +212,23 @@ fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
         Duration::from_secs(10),
     );
     assert!(session.contains("frames_in=25"), "{session}");
+    // Its I/O core's stages: a decode per audio message, an encode per
+    // model frame out, a send per message back.
+    let frames_out: u64 = session
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("frames_out="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no frames_out in {session}"));
+    let delta: Vec<u64> = ["decode", "encode", "send"]
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| stage_count(&daemon, s) - b)
+        .collect();
+    assert_eq!(
+        delta,
+        vec![100, frames_out, sent as u64],
+        "decode, encode, send"
+    );
 }
 
 /// A malformed call: `messages` are sent (with `pace` between them), then

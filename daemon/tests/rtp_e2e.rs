@@ -44,27 +44,7 @@ const CONFIG: &str = r#"{"rtp": {"inactivity_timeout_ms": 3000}}"#;
 
 /// An HTTP request with an optional JSON body: `(status, JSON body)`.
 fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut s = TcpStream::connect_timeout(&addr, common::IO_TIMEOUT).expect("HTTP connect");
-    s.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("HTTP request");
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {path}: no response head in {text:?}"));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    common::json_request(addr, method, path, body)
 }
 
 /// Creates a session; returns `(id, RTP address)`.

@@ -121,6 +121,37 @@ pub fn tls_client(root: &rustls::pki_types::CertificateDer<'static>) -> Arc<rust
     Arc::new(config)
 }
 
+/// A request with a JSON body (or none) to the control API at `addr`:
+/// `(status, JSON body, or Null when the body is not JSON)`.
+pub fn json_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("HTTP connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("HTTP request");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{method} {path}: no response head in {text:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
 /// Opens a TCP connection to `addr` with the helpers' timeouts and, with
 /// `tls`, completes a handshake for the name `localhost`.
 pub fn open_stream(

@@ -207,6 +207,70 @@ pub fn sipp_with(
     }
 }
 
+/// sipp answering calls (a scenario that starts by receiving): spawned on
+/// a port of its own, it serves `calls` calls and exits.
+pub struct SippServer {
+    child: std::process::Child,
+    errors: PathBuf,
+    /// Where it listens (`127.0.0.1:port`).
+    pub addr: std::net::SocketAddr,
+}
+
+impl SippServer {
+    /// Starts scenario `name` (`tests/data/sip/NAME.xml`, with `subs`
+    /// replaced) for `calls` calls; `timeout_s` bounds the whole run.
+    pub fn spawn(
+        dir: &Path,
+        name: &str,
+        subs: &[(&str, String)],
+        calls: u32,
+        timeout_s: u32,
+    ) -> SippServer {
+        let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/sip")
+            .join(format!("{name}.xml"));
+        let mut xml = std::fs::read_to_string(&template).expect("reading the scenario");
+        for (k, v) in subs {
+            xml = xml.replace(k, v);
+        }
+        let port = free_udp_port();
+        let run_dir = dir.join(format!("sipp-{name}-{port}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let scenario = run_dir.join(format!("{name}.xml"));
+        std::fs::write(&scenario, xml).unwrap();
+        let errors = run_dir.join("errors.log");
+        let child = Command::new("sipp")
+            .current_dir(&run_dir)
+            .arg("-sf")
+            .arg(&scenario)
+            .args(["-i", "127.0.0.1", "-mi", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &calls.to_string()])
+            .args(["-nostdin", "-timeout", &format!("{timeout_s}s"), "-timeout_error"])
+            .args(["-trace_err", "-error_file"])
+            .arg(&errors)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting sipp");
+        // sipp binds its port at once; give it a moment before calls come.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        SippServer {
+            child,
+            errors,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// Waits for sipp to finish (its own `-timeout` bounds the wait).
+    pub fn wait(self) -> SippRun {
+        let output = self.child.wait_with_output().expect("waiting for sipp");
+        SippRun {
+            output,
+            errors: std::fs::read_to_string(&self.errors).unwrap_or_default(),
+        }
+    }
+}
+
 /// The `key=value` field of a log line, as a number.
 pub fn field(line: &str, key: &str) -> u64 {
     line.split_whitespace()
