@@ -80,16 +80,25 @@ fn log_line(d: &Daemon, needles: &[&str]) -> String {
     }
 }
 
-/// The sum over cores of `/metrics` series `name` with `label`.
-fn metric(d: &Daemon, name: &str, label: &str) -> u64 {
-    let (status, page) = d.http_get("/metrics");
-    assert_eq!(status, 200, "{page}");
-    page.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-        .filter(|l| l.contains(label))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
+/// The sum over cores of `/metrics` series `name` with `label`, once it
+/// is at least `min` (the endpoints publish every 20 ms) or the wait ends.
+fn metric(d: &Daemon, name: &str, label: &str, min: u64) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, page) = d.http_get("/metrics");
+        assert_eq!(status, 200, "{page}");
+        let sum = page
+            .lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum();
+        if sum >= min || Instant::now() >= deadline {
+            return sum;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -134,7 +143,7 @@ fn a_placed_call_is_answered_with_rtp_both_ways() {
     assert!(field(&rtp, "received") >= 50, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 50, "{rtp}");
     assert!(field(&rtp, "frames_to_engine") >= 10, "{rtp}");
-    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"answered\""), 1);
+    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"answered\"", 1), 1);
     let list = d.get_json("/v1/sip/calls");
     assert_eq!(list["calls"][0]["id"], id.as_str(), "{list}");
 }
@@ -199,7 +208,7 @@ fn a_busy_callee_fails_the_call_and_gets_its_ack() {
     // sipp's scenario ends with the ACK of its 486: it passes only if
     // moshid sent it.
     callee.wait().assert_ok("uas_busy");
-    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"failed\""), 1);
+    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"failed\"", 1), 1);
     let line = log_line(&d, &["session end", "transport=sip"]);
     assert!(line.contains("refused"), "{line}");
 }
@@ -281,5 +290,5 @@ fn a_registration_answers_the_challenge_and_refreshes() {
     // shorter (it refreshes before either runs out).
     assert_eq!(reg["expires_s"], 120, "{reg}");
     log_line(&d, &["sip registered", "aor=sip:600@pbx.test"]);
-    assert!(metric(&d, "moshid_sip_registrations_total", "result=\"ok\"") >= 2);
+    assert!(metric(&d, "moshid_sip_registrations_total", "result=\"ok\"", 2) >= 2);
 }
