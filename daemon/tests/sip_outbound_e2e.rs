@@ -38,7 +38,12 @@ fn start(extra_sip: &str) -> Daemon {
 fn place(d: &Daemon, user: &str, server: std::net::SocketAddr) -> String {
     let body = json!({"to": format!("sip:{user}@{server}"), "params": {"seed": 7}});
     let (status, j) = json_request(d.addr, "POST", "/v1/sip/calls", Some(&body));
-    assert_eq!(status, 201, "POST /v1/sip/calls: {j}\nstderr:\n{}", d.stderr_tail());
+    assert_eq!(
+        status,
+        201,
+        "POST /v1/sip/calls: {j}\nstderr:\n{}",
+        d.stderr_tail()
+    );
     assert_eq!(j["state"], "calling", "{j}");
     j["id"].as_str().expect("an id").to_string()
 }
@@ -126,7 +131,9 @@ fn a_placed_call_is_answered_with_rtp_both_ways() {
     // Its session's event stream is listed under the call's id.
     let sessions = d.get_json("/v1/sessions");
     assert!(
-        sessions.to_string().contains(&format!("/v1/sessions/{id}/events")),
+        sessions
+            .to_string()
+            .contains(&format!("/v1/sessions/{id}/events")),
         "{sessions}"
     );
     callee.wait().assert_ok("uas_answer");
@@ -136,29 +143,42 @@ fn a_placed_call_is_answered_with_rtp_both_ways() {
     assert_eq!(ended["status_code"], 200, "{ended}");
     let start = log_line(&d, &["sip call start", "direction=outbound"]);
     println!("{start}");
-    assert!(start.contains("codec=PCMU pt=0 dtmf_pt=102 ptime_ms=20"), "{start}");
+    assert!(
+        start.contains("codec=PCMU pt=0 dtmf_pt=102 ptime_ms=20"),
+        "{start}"
+    );
     let rtp = log_line(&d, &["rtp session end", "codec=PCMU"]);
     println!("{rtp}");
     // About 150 packets each way in 3 s; at least a second's worth.
     assert!(field(&rtp, "received") >= 50, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 50, "{rtp}");
     assert!(field(&rtp, "frames_to_engine") >= 10, "{rtp}");
-    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"answered\"", 1), 1);
+    assert_eq!(
+        metric(
+            &d,
+            "moshid_sip_outbound_calls_total",
+            "result=\"answered\"",
+            1
+        ),
+        1
+    );
     let list = d.get_json("/v1/sip/calls");
     assert_eq!(list["calls"][0]["id"], id.as_str(), "{list}");
 }
 
 #[test]
 fn a_challenged_call_answers_with_the_configured_credentials() {
-    if !need("sipp") || !inside_netns("a_challenged_call_answers_with_the_configured_credentials")
-    {
+    if !need("sipp") || !inside_netns("a_challenged_call_answers_with_the_configured_credentials") {
         return;
     }
     let d = start(r#""outbound": {"auth": {"username": "moshid", "password": "pw-7f3a"}}"#);
     let pbx = SippServer::spawn(
         d.temp_dir(),
         "uas_auth",
-        &[("@USER@", "moshid".into()), ("@PASSWORD@", "pw-7f3a".into())],
+        &[
+            ("@USER@", "moshid".into()),
+            ("@PASSWORD@", "pw-7f3a".into()),
+        ],
         1,
         60,
     );
@@ -204,11 +224,22 @@ fn a_busy_callee_fails_the_call_and_gets_its_ack() {
     let id = place(&d, "busy", callee.addr);
     let failed = wait_state(&d, &id, "failed");
     println!("{failed}");
-    assert_eq!((failed["status_code"].as_u64(), failed["reason"].as_str()), (Some(486), Some("busy")));
+    assert_eq!(
+        (failed["status_code"].as_u64(), failed["reason"].as_str()),
+        (Some(486), Some("busy"))
+    );
     // sipp's scenario ends with the ACK of its 486: it passes only if
     // moshid sent it.
     callee.wait().assert_ok("uas_busy");
-    assert_eq!(metric(&d, "moshid_sip_outbound_calls_total", "result=\"failed\"", 1), 1);
+    assert_eq!(
+        metric(
+            &d,
+            "moshid_sip_outbound_calls_total",
+            "result=\"failed\"",
+            1
+        ),
+        1
+    );
     let line = log_line(&d, &["session end", "transport=sip"]);
     assert!(line.contains("refused"), "{line}");
 }
@@ -226,7 +257,10 @@ fn delete_cancels_a_ringing_call() {
     assert_eq!(status, 202, "{j}");
     let failed = wait_state(&d, &id, "failed");
     println!("{failed}");
-    assert_eq!((failed["status_code"].as_u64(), failed["reason"].as_str()), (Some(487), Some("cancelled")));
+    assert_eq!(
+        (failed["status_code"].as_u64(), failed["reason"].as_str()),
+        (Some(487), Some("cancelled"))
+    );
     callee.wait().assert_ok("uas_ring_cancel");
 }
 
@@ -237,14 +271,26 @@ fn bad_call_requests_get_400_and_unknown_ids_404() {
         (json!({"to": "tel:+15551234"}), "field `to`"),
         (json!({"to": "sip:127.0.0.1:5070"}), "field `to`"),
         (json!({"to": "sip:a@127.0.0.1;transport=tcp"}), "field `to`"),
-        (json!({"to": "sip:a@127.0.0.1", "params": {"seed": [1]}}), "params"),
-        (json!({"to": "sip:a@127.0.0.1", "params": {"text_temperature": "hot"}}), "params"),
-        (json!({"to": "sip:a@127.0.0.1", "colour": "red"}), "bad JSON"),
+        (
+            json!({"to": "sip:a@127.0.0.1", "params": {"seed": [1]}}),
+            "params",
+        ),
+        (
+            json!({"to": "sip:a@127.0.0.1", "params": {"text_temperature": "hot"}}),
+            "params",
+        ),
+        (
+            json!({"to": "sip:a@127.0.0.1", "colour": "red"}),
+            "bad JSON",
+        ),
         (json!({"too": "sip:a@127.0.0.1"}), "bad JSON"),
     ] {
         let (status, j) = json_request(d.addr, "POST", "/v1/sip/calls", Some(&body));
         assert_eq!(status, 400, "{body}: {j}");
-        assert!(j["error"].as_str().unwrap_or("").contains(want), "{body}: {j}");
+        assert!(
+            j["error"].as_str().unwrap_or("").contains(want),
+            "{body}: {j}"
+        );
     }
     let (status, _) = json_request(d.addr, "GET", "/v1/sip/calls/999", None);
     assert_eq!(status, 404);
@@ -265,7 +311,10 @@ fn a_registration_answers_the_challenge_and_refreshes() {
     let registrar = SippServer::spawn(
         dir.path(),
         "registrar",
-        &[("@USER@", "600".into()), ("@PASSWORD@", "reg-secret".into())],
+        &[
+            ("@USER@", "600".into()),
+            ("@PASSWORD@", "reg-secret".into()),
+        ],
         1,
         30,
     );
@@ -281,7 +330,11 @@ fn a_registration_answers_the_challenge_and_refreshes() {
         if r["successes"].as_u64() >= Some(2) {
             break r;
         }
-        assert!(Instant::now() < deadline, "{j}\nstderr:\n{}", d.stderr_tail());
+        assert!(
+            Instant::now() < deadline,
+            "{j}\nstderr:\n{}",
+            d.stderr_tail()
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     println!("{reg}");

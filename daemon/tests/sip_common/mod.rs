@@ -243,9 +243,21 @@ impl SippServer {
             .current_dir(&run_dir)
             .arg("-sf")
             .arg(&scenario)
-            .args(["-i", "127.0.0.1", "-mi", "127.0.0.1", "-p", &port.to_string()])
+            .args([
+                "-i",
+                "127.0.0.1",
+                "-mi",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
             .args(["-m", &calls.to_string()])
-            .args(["-nostdin", "-timeout", &format!("{timeout_s}s"), "-timeout_error"])
+            .args([
+                "-nostdin",
+                "-timeout",
+                &format!("{timeout_s}s"),
+                "-timeout_error",
+            ])
             .args(["-trace_err", "-error_file"])
             .arg(&errors)
             .stdout(std::process::Stdio::piped())

@@ -200,7 +200,10 @@ mod tests {
             401,
         );
         let mut c = pick(&m, 401).unwrap();
-        assert_eq!((c.algorithm, c.proxy, c.qop_auth), (Algorithm::Sha256, false, true));
+        assert_eq!(
+            (c.algorithm, c.proxy, c.qop_auth),
+            (Algorithm::Sha256, false, true)
+        );
         let h = c.answer(&creds(), "INVITE", "sip:b@h", "cn");
         let value = h.strip_prefix("Authorization: ").unwrap();
         let parsed = auth_header::parse(value).unwrap();
@@ -239,7 +242,10 @@ mod tests {
         };
         let h = c.answer(&creds, "GET", "/dir/index.html", "0a4f113b");
         assert!(h.starts_with("Proxy-Authorization: Digest "), "{h}");
-        assert!(h.contains("response=\"6629fae49393a05397450978507c4ef1\""), "{h}");
+        assert!(
+            h.contains("response=\"6629fae49393a05397450978507c4ef1\""),
+            "{h}"
+        );
     }
 
     #[test]
@@ -264,18 +270,32 @@ mod tests {
         for (headers, code) in [
             ("", 401),
             ("WWW-Authenticate: Basic realm=\"r\"\r\n", 401),
-            ("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\", algorithm=SHA-512-256\r\n", 401),
-            ("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\", qop=\"auth-int\"\r\n", 401),
+            (
+                "WWW-Authenticate: Digest realm=\"r\", nonce=\"n\", algorithm=SHA-512-256\r\n",
+                401,
+            ),
+            (
+                "WWW-Authenticate: Digest realm=\"r\", nonce=\"n\", qop=\"auth-int\"\r\n",
+                401,
+            ),
             ("WWW-Authenticate: Digest realm=\"r\"\r\n", 401),
             ("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\"\r\n", 407),
             ("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\"\r\n", 403),
             ("WWW-Authenticate: Digest realm=\"r, nonce=\"n\r\n", 401),
         ] {
-            assert!(pick(&response_with(headers, code), code).is_err(), "{headers}");
+            assert!(
+                pick(&response_with(headers, code), code).is_err(),
+                "{headers}"
+            );
         }
         // Quotes in values are escaped.
-        let m = response_with("WWW-Authenticate: Digest realm=\"a\\\"b\", nonce=\"n\"\r\n", 401);
-        let h = pick(&m, 401).unwrap().answer(&creds(), "INVITE", "sip:x", "c");
+        let m = response_with(
+            "WWW-Authenticate: Digest realm=\"a\\\"b\", nonce=\"n\"\r\n",
+            401,
+        );
+        let h = pick(&m, 401)
+            .unwrap()
+            .answer(&creds(), "INVITE", "sip:x", "c");
         assert!(h.contains(r#"realm="a\"b""#), "{h}");
     }
 }

@@ -303,7 +303,11 @@ fn validate_uri(key: &'static str, uri: &str, user: bool) -> Result<(), (&'stati
     if user && u.user.is_none() {
         return Err((key, format!("`{uri}`: a user is required (sip:user@host)")));
     }
-    if uri.len() > 256 || uri.chars().any(|c| c.is_control() || c == ' ' || c == '<' || c == '>') {
+    if uri.len() > 256
+        || uri
+            .chars()
+            .any(|c| c.is_control() || c == ' ' || c == '<' || c == '>')
+    {
         return Err((
             key,
             format!("`{uri}`: at most 256 characters, no spaces or angle brackets"),
@@ -546,15 +550,17 @@ mod tests {
     #[test]
     fn outbound_and_registrations_are_checked() {
         let c: SipConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!((c.outbound.max_calls, c.outbound.ring_timeout_s), (64, 60));
         assert_eq!(
-            (c.outbound.max_calls, c.outbound.ring_timeout_s),
-            (64, 60)
-        );
-        assert_eq!(
-            check(r#"{"outbound": {"from": "sip:agent@example.com", "auth": {"username": "u", "password": "p"}}}"#),
+            check(
+                r#"{"outbound": {"from": "sip:agent@example.com", "auth": {"username": "u", "password": "p"}}}"#
+            ),
             Ok(())
         );
-        assert_eq!(check(r#"{"outbound": {"max_calls": 0}}"#), Err("sip.outbound.max_calls"));
+        assert_eq!(
+            check(r#"{"outbound": {"max_calls": 0}}"#),
+            Err("sip.outbound.max_calls")
+        );
         assert_eq!(
             check(r#"{"outbound": {"ring_timeout_s": 0}}"#),
             Err("sip.outbound.ring_timeout_s")
@@ -577,7 +583,10 @@ mod tests {
             ))
         };
         assert_eq!(reg(""), Ok(()));
-        assert_eq!(reg(r#", "expires_s": 10"#), Err("sip.registrations.expires_s"));
+        assert_eq!(
+            reg(r#", "expires_s": 10"#),
+            Err("sip.registrations.expires_s")
+        );
         assert_eq!(reg(r#", "retry_s": 0"#), Err("sip.registrations.retry_s"));
         assert_eq!(
             reg(r#", "auth": {"username": "", "password": "p"}"#),

@@ -61,8 +61,14 @@ pub struct PlaceBody {
 /// Checks `to`: a `sip:` URI with a user, at most 256 bytes; `(host,
 /// port)` to send to.
 pub fn check_to(to: &str) -> Result<(String, u16), String> {
-    if to.len() > 256 || to.chars().any(|c| c.is_control() || c == ' ' || c == '<' || c == '>') {
-        return Err("at most 256 characters, no spaces, angle brackets or control characters".into());
+    if to.len() > 256
+        || to
+            .chars()
+            .any(|c| c.is_control() || c == ' ' || c == '<' || c == '>')
+    {
+        return Err(
+            "at most 256 characters, no spaces, angle brackets or control characters".into(),
+        );
     }
     let uri = SipUri::parse(to).map_err(|e| e.to_string())?;
     if uri.scheme != "sip" {
@@ -71,7 +77,11 @@ pub fn check_to(to: &str) -> Result<(String, u16), String> {
     if uri.user.is_none() {
         return Err("a user is required (sip:user@host)".into());
     }
-    if let Some((_, t)) = uri.params.iter().find(|(k, _)| k.eq_ignore_ascii_case("transport")) {
+    if let Some((_, t)) = uri
+        .params
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("transport"))
+    {
         if !t.eq_ignore_ascii_case("udp") {
             return Err(format!("transport={t}: moshid places calls over UDP only"));
         }
@@ -130,12 +140,7 @@ async fn place(
     let timeout = Duration::from_millis(cfg.listen.head_timeout_ms);
     let body = http::deadline(timeout, http::read_body(stream, head, buf, limits)).await?;
     let Some(wire) = current_wire() else {
-        return http::write_error(
-            stream,
-            503,
-            "SIP is disabled (config key `sip.enabled`)",
-        )
-        .await;
+        return http::write_error(stream, 503, "SIP is disabled (config key `sip.enabled`)").await;
     };
     let req: PlaceBody = match serde_json::from_slice(body) {
         Ok(r) => r,
@@ -199,8 +204,14 @@ mod tests {
     fn paths_and_targets() {
         assert!(owns("/v1/sip/calls") && owns("/v1/sip/calls/7") && owns("/v1/sip/registrations"));
         assert!(!owns("/v1/sip/callsx") && !owns("/v1/sip"));
-        assert_eq!(check_to("sip:600@127.0.0.1:5070"), Ok(("127.0.0.1".into(), 5070)));
-        assert_eq!(check_to("sip:agent@pbx.example"), Ok(("pbx.example".into(), 5060)));
+        assert_eq!(
+            check_to("sip:600@127.0.0.1:5070"),
+            Ok(("127.0.0.1".into(), 5070))
+        );
+        assert_eq!(
+            check_to("sip:agent@pbx.example"),
+            Ok(("pbx.example".into(), 5060))
+        );
         assert_eq!(
             check_to("sip:a@[::1]:5080;transport=udp"),
             Ok(("::1".into(), 5080))

@@ -934,7 +934,10 @@ impl Endpoint {
                     }
                 }
                 CallState::Confirmed => {
-                    let asked = call.outbound.as_ref().is_some_and(|s| s.hang_up_requested());
+                    let asked = call
+                        .outbound
+                        .as_ref()
+                        .is_some_and(|s| s.hang_up_requested());
                     if ended || asked {
                         hang_up.push(k.clone());
                     }

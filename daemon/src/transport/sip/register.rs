@@ -302,12 +302,19 @@ impl Endpoint {
                         self.registrations[i].expires_s = min;
                         self.send_register(i, now);
                     }
-                    None => self.registration_failed(i, Some(code), "423 without a usable Min-Expires", now),
+                    None => self.registration_failed(
+                        i,
+                        Some(code),
+                        "423 without a usable Min-Expires",
+                        now,
+                    ),
                 }
             }
             _ => {
                 let why = match &m.start {
-                    super::message::StartLine::Response { reason, .. } => format!("{code} {reason}"),
+                    super::message::StartLine::Response { reason, .. } => {
+                        format!("{code} {reason}")
+                    }
                     _ => code.to_string(),
                 };
                 self.registration_failed(i, Some(code), &why, now);
@@ -323,7 +330,9 @@ impl Endpoint {
             let literal = r.host.0.parse::<std::net::IpAddr>().is_ok();
             match &mut r.phase {
                 // A name is looked up again before each REGISTER.
-                Phase::Idle { at } if now >= *at && r.target.is_some() && (literal || r.looked_up) => {
+                Phase::Idle { at }
+                    if now >= *at && r.target.is_some() && (literal || r.looked_up) =>
+                {
                     self.send_register(i, now);
                 }
                 Phase::Sent {
@@ -372,7 +381,10 @@ mod tests {
     #[test]
     fn host_ports() {
         assert_eq!(host_port("10.0.0.1"), Some(("10.0.0.1".into(), 5060)));
-        assert_eq!(host_port("pbx.example:5070"), Some(("pbx.example".into(), 5070)));
+        assert_eq!(
+            host_port("pbx.example:5070"),
+            Some(("pbx.example".into(), 5070))
+        );
         assert_eq!(host_port("[::1]:5080"), Some(("::1".into(), 5080)));
         assert_eq!(host_port("[::1]"), Some(("::1".into(), 5060)));
         assert_eq!(host_port("h:x"), None);
@@ -391,7 +403,10 @@ mod tests {
             )
             .unwrap()
         };
-        assert_eq!(granted_expires(&ok("Contact: <sip:a@1.2.3.4>;expires=120\r\n"), 600), 120);
+        assert_eq!(
+            granted_expires(&ok("Contact: <sip:a@1.2.3.4>;expires=120\r\n"), 600),
+            120
+        );
         assert_eq!(granted_expires(&ok("Expires: 300\r\n"), 600), 300);
         assert_eq!(granted_expires(&ok(""), 600), 600);
         // A registrar may shorten, never lengthen, what was asked.

@@ -473,9 +473,9 @@ pub fn accept_answer(
     }
     // Only formats moshid offered, on the payload types it gave them.
     theirs.formats.retain(|f| {
-        ours.formats.iter().any(|o| {
-            o.pt == f.pt && o.name.eq_ignore_ascii_case(&f.name) && o.rate == f.rate
-        })
+        ours.formats
+            .iter()
+            .any(|o| o.pt == f.pt && o.name.eq_ignore_ascii_case(&f.name) && o.rate == f.rate)
     });
     match negotiate(&theirs, preference, dtmf, default_ptime_ms) {
         Negotiation::Agreed(choice) => Ok((theirs, choice)),
@@ -536,7 +536,11 @@ mod tests {
         // moshid's own parser reads its offer, and negotiates it.
         let o = parse_offer(offer.as_bytes()).unwrap();
         assert_eq!(o.remote, Some("127.0.0.1:40000".parse().unwrap()));
-        let names: Vec<String> = o.formats.iter().map(|f| format!("{}/{}", f.name, f.rate)).collect();
+        let names: Vec<String> = o
+            .formats
+            .iter()
+            .map(|f| format!("{}/{}", f.name, f.rate))
+            .collect();
         assert_eq!(
             names,
             [
@@ -558,9 +562,15 @@ mod tests {
             m=audio 30000 RTP/AVP 0 102\r\na=rtpmap:102 telephone-event/8000\r\na=ptime:30\r\na=sendrecv\r\n";
         let (theirs, c) = accept_answer(&offer, answer.as_bytes(), &all, true, 20).unwrap();
         assert_eq!(theirs.remote, Some("127.0.0.2:30000".parse().unwrap()));
-        assert_eq!((c.codec, c.pt, c.dtmf_pt, c.ptime_ms), (CodecSpec::PCMU, 0, Some(102), 30));
+        assert_eq!(
+            (c.codec, c.pt, c.dtmf_pt, c.ptime_ms),
+            (CodecSpec::PCMU, 0, Some(102), 30)
+        );
         // 101 is telephone-event/48000 in moshid's offer: not taken for PCMU's clock.
-        let other = answer.replace(" 0 102", " 0 101").replace("a=rtpmap:102 telephone-event/8000", "a=rtpmap:101 telephone-event/8000");
+        let other = answer.replace(" 0 102", " 0 101").replace(
+            "a=rtpmap:102 telephone-event/8000",
+            "a=rtpmap:101 telephone-event/8000",
+        );
         let r = accept_answer(&offer, other.as_bytes(), &all, true, 20).unwrap();
         assert_eq!(r.1.dtmf_pt, None);
         // Formats moshid did not offer, or on other payload types, are not taken.
@@ -569,9 +579,14 @@ mod tests {
             "m=audio 30000 RTP/AVP 96\r\na=rtpmap:96 opus/48000/2\r\n",
             "m=audio 30000 RTP/AVP 0\r\n",
         ] {
-            let a = format!("v=0\r\no=- 1 1 IN IP4 127.0.0.2\r\ns=-\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n{bad}");
+            let a = format!(
+                "v=0\r\no=- 1 1 IN IP4 127.0.0.2\r\ns=-\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n{bad}"
+            );
             let r = accept_answer(&offer, a.as_bytes(), &prefs(&["opus", "PCMA"]), true, 20);
-            assert!(matches!(r, Err(OfferError::NotAcceptable(_))), "{bad}: {r:?}");
+            assert!(
+                matches!(r, Err(OfferError::NotAcceptable(_))),
+                "{bad}: {r:?}"
+            );
         }
         assert!(matches!(
             accept_answer(&offer, b"garbage", &all, true, 20),

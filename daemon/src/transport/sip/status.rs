@@ -350,13 +350,19 @@ mod tests {
         let calls = OutboundCalls::default();
         let c1 = OutboundCall::new("1".into(), "sip:a@h".into(), "x".into(), 0);
         assert!(calls.insert(c1.clone(), 1));
-        assert!(!calls.insert(OutboundCall::new("2".into(), "sip:b@h".into(), "y".into(), 0), 1));
+        assert!(!calls.insert(
+            OutboundCall::new("2".into(), "sip:b@h".into(), "y".into(), 0),
+            1
+        ));
         c1.ringing();
         assert_eq!(c1.state(), CallPhase::Ringing);
         c1.finished(Some(486), "busy");
         c1.finished(Some(500), "later causes do not overwrite");
         let j = c1.to_json();
-        assert_eq!((j["state"].as_str(), j["status_code"].as_u64()), (Some("failed"), Some(486)));
+        assert_eq!(
+            (j["state"].as_str(), j["status_code"].as_u64()),
+            (Some("failed"), Some(486))
+        );
         assert_eq!(j["reason"], "busy");
         calls.retire("1", 1);
         assert_eq!(calls.live(), 0);

@@ -158,7 +158,11 @@ impl Endpoint {
 
     /// Places a call: reserves its session, sends the INVITE. The call's
     /// status is in `shared.sip.calls` under the returned id.
-    pub fn place(&mut self, req: PlaceRequest, now: Instant) -> Result<Arc<OutboundCall>, PlaceError> {
+    pub fn place(
+        &mut self,
+        req: PlaceRequest,
+        now: Instant,
+    ) -> Result<Arc<OutboundCall>, PlaceError> {
         let c = self.app.shared.config.sip.clone();
         if self.calls.len() + self.outgoing.len() >= c.max_dialogs {
             return Err(PlaceError::Busy(format!(
@@ -168,7 +172,11 @@ impl Endpoint {
         }
         let target = Peer::udp_out(req.target);
         let local_sip = self.local_for(target);
-        let call_id = format!("{:016x}{:016x}@moshid", self.ids.next_u64(), self.ids.next_u64());
+        let call_id = format!(
+            "{:016x}{:016x}@moshid",
+            self.ids.next_u64(),
+            self.ids.next_u64()
+        );
         let reservation = start::reserve(
             &self.app,
             req.params,
@@ -182,9 +190,23 @@ impl Endpoint {
             StartError::Internal(s) => PlaceError::Internal(s),
         })?;
         let id = reservation.id().to_string();
-        let status = OutboundCall::new(id.clone(), req.to.clone(), call_id.clone(), self.app.ctx.core);
-        if !self.app.shared.sip.calls.insert(status.clone(), c.outbound.max_calls) {
-            let why = format!("sip.outbound.max_calls ({}) calls placed", c.outbound.max_calls);
+        let status = OutboundCall::new(
+            id.clone(),
+            req.to.clone(),
+            call_id.clone(),
+            self.app.ctx.core,
+        );
+        if !self
+            .app
+            .shared
+            .sip
+            .calls
+            .insert(status.clone(), c.outbound.max_calls)
+        {
+            let why = format!(
+                "sip.outbound.max_calls ({}) calls placed",
+                c.outbound.max_calls
+            );
             reservation.abandon(&self.app, EndReason::Refused(why.clone()));
             return Err(PlaceError::Busy(why));
         }
@@ -260,7 +282,13 @@ impl Endpoint {
 
     /// A request outside the dialog that reuses the INVITE's Via branch
     /// (the ACK of a non-2xx, the CANCEL), to `remote_party`.
-    fn same_branch(&self, o: &Outgoing, method: &str, call_id: &str, remote_party: &str) -> Vec<u8> {
+    fn same_branch(
+        &self,
+        o: &Outgoing,
+        method: &str,
+        call_id: &str,
+        remote_party: &str,
+    ) -> Vec<u8> {
         build::request(
             method,
             &InDialog {
@@ -286,7 +314,10 @@ impl Endpoint {
     /// table only to ACK or BYE (phases `Completed`, `Leaving`).
     fn settle_failed(&mut self, o: &mut Outgoing, code: Option<u16>, why: &str) {
         if let Some(r) = o.reservation.take() {
-            r.abandon(&self.app, EndReason::Refused(format!("outbound call: {why}")));
+            r.abandon(
+                &self.app,
+                EndReason::Refused(format!("outbound call: {why}")),
+            );
         }
         o.status.finished(code, why);
         let keep = self.app.shared.config.sip.outbound.keep_ended;
@@ -354,7 +385,9 @@ impl Endpoint {
                 self.outgoing.insert(call_id, o);
             }
             (_, 200..=299) => self.on_answer(o, &call_id, m, now),
-            (_, 401 | 407) if !o.challenged && self.app.shared.config.sip.outbound.auth.is_some() => {
+            (_, 401 | 407)
+                if !o.challenged && self.app.shared.config.sip.outbound.auth.is_some() =>
+            {
                 let ack = self.same_branch(&o, "ACK", &call_id, header(m, "To"));
                 self.send(src, ack);
                 match client_auth::pick(m, code) {
@@ -420,7 +453,8 @@ impl Endpoint {
                 self.send(o.target, cancel.clone());
                 o.phase = Phase::Cancelling {
                     cancel,
-                    resend: (!o.target.transport.is_reliable()).then(|| Backoff::start(now, &self.timers)),
+                    resend: (!o.target.transport.is_reliable())
+                        .then(|| Backoff::start(now, &self.timers)),
                     give_up_at: now + self.timers.timeout(),
                     why,
                 };
@@ -432,7 +466,10 @@ impl Endpoint {
     /// The ACK of a 200 for a call already made, sent again.
     fn ack_again(&mut self, m: &Message, src: Peer) {
         let call_id = header(m, "Call-ID").trim();
-        let Some(tag) = message::parse_name_addr(header(m, "From")).ok().and_then(|f| f.tag) else {
+        let Some(tag) = message::parse_name_addr(header(m, "From"))
+            .ok()
+            .and_then(|f| f.tag)
+        else {
             return;
         };
         if let Some(call) = self.calls.get(&Call::key(call_id, &tag)) {
@@ -453,7 +490,10 @@ impl Endpoint {
             .map(|c| c.uri)
             .unwrap_or_else(|| o.request_uri.clone());
         // §12.1.2: the route set is the Record-Route in reverse.
-        let mut route: Vec<String> = m.headers_named("Record-Route").map(str::to_string).collect();
+        let mut route: Vec<String> = m
+            .headers_named("Record-Route")
+            .map(str::to_string)
+            .collect();
         route.reverse();
         let ack_branch = self.ids.branch();
         let dialog = InDialog {
@@ -481,7 +521,10 @@ impl Endpoint {
                 };
                 let media = MediaPath::new(&spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
                     .map_err(|e| ("internal", format!("cannot set up the audio path: {e}")))?;
-                let reservation = o.reservation.take().expect("an unanswered call holds its reservation");
+                let reservation = o
+                    .reservation
+                    .take()
+                    .expect("an unanswered call holds its reservation");
                 let started = start::launch(&self.app, reservation, spec, media)
                     .map_err(|e| ("busy", e.to_string()))?;
                 Ok((theirs, choice, started))
@@ -501,7 +544,10 @@ impl Endpoint {
                 );
                 self.send(o.target, bye.clone());
                 self.counters.byes_sent += 1;
-                eprintln!("<5>sip call placed id={} answered unusably: {why}", o.status.id);
+                eprintln!(
+                    "<5>sip call placed id={} answered unusably: {why}",
+                    o.status.id
+                );
                 self.settle_failed(&mut o, Some(200), label);
                 o.phase = Phase::Leaving {
                     bye,
@@ -567,7 +613,10 @@ impl Endpoint {
             let Some(mut o) = self.outgoing.remove(&call_id) else {
                 continue;
             };
-            let shutdown = o.reservation.as_ref().is_some_and(|r| r.shutdown_requested());
+            let shutdown = o
+                .reservation
+                .as_ref()
+                .is_some_and(|r| r.shutdown_requested());
             if shutdown {
                 // The daemon waits for every slot: give it back now, and
                 // CANCEL if the far end rings (best effort).
