@@ -190,3 +190,23 @@ AUTH = {
 }
 for name, value in AUTH.items():
     write("sip_auth_header", name, value.encode())
+
+# sip_client_response: answers to moshid's INVITE and REGISTER — challenges
+# as sipp and RFC 2617 write them, an SDP answer, a REGISTER's 200.
+def response(code, reason, headers="", body=b""):
+    head = (f"SIP/2.0 {code} {reason}\r\nVia: SIP/2.0/UDP 127.0.0.1:5070;branch=z9hG4bK1\r\n"
+            f"From: <sip:moshid@127.0.0.1>;tag=a\r\nTo: <sip:b@127.0.0.1>;tag=b\r\nCall-ID: c@moshid\r\n"
+            f"CSeq: 1 INVITE\r\n{headers}Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+write("sip_client_response", "401-md5",
+      response(401, "Unauthorized", 'WWW-Authenticate: Digest realm="pbx.test", nonce="47a1d9c31", qop="auth", algorithm=MD5, opaque="op1"\r\n'))
+write("sip_client_response", "407-two",
+      response(407, "Proxy Authentication Required",
+               'Proxy-Authenticate: Digest realm="r", nonce="n", algorithm=MD5\r\n'
+               'Proxy-Authenticate: Digest realm="r", nonce="n", qop="auth,auth-int", algorithm=SHA-256\r\n'))
+write("sip_client_response", "200-sdp",
+      response(200, "OK", "Content-Type: application/sdp\r\n",
+               b"v=0\r\no=- 1 1 IN IP4 127.0.0.2\r\ns=-\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n"
+               b"m=audio 30000 RTP/AVP 0 102\r\na=rtpmap:102 telephone-event/8000\r\na=ptime:30\r\n"))
+write("sip_client_response", "200-register",
+      response(200, "OK", "Contact: <sip:600@127.0.0.1:5060>;expires=120\r\nExpires: 300\r\n"))

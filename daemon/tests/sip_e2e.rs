@@ -302,6 +302,43 @@ fn hold_and_resume_by_reinvite() {
 }
 
 #[test]
+fn codec_change_by_reinvite() {
+    if !need("sipp") || !inside_netns("codec_change_by_reinvite") {
+        return;
+    }
+    let (d, sip) = start("", "", &[]);
+    // One second of audio on each codec, played once each.
+    let audio = ulaw_file(d.temp_dir(), 1);
+    sipp(
+        d.temp_dir(),
+        sip,
+        "codec_change",
+        &[
+            ("@AUDIO@", audio.display().to_string()),
+            ("@PAUSE_MS@", "1500".into()),
+        ],
+        1,
+        1,
+    )
+    .assert_ok("codec_change");
+    let re = wait_lines(&d, &["sip call reinvite", "codec=PCMA pt=8"], 1);
+    println!("{}", re[0]);
+    let switched = wait_lines(&d, &["rtp session media", "codec=PCMA pt=8"], 1);
+    println!("{}", switched[0]);
+    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    // The session went on across the switch (one session, one slot) and
+    // ended on PCMA, having taken audio on both codecs: 50 packets each,
+    // none of them of a payload type it did not expect.
+    let rtp = wait_lines(&d, &["rtp session end"], 1);
+    println!("{}", rtp[0]);
+    assert!(rtp[0].contains("codec=PCMA"), "{}", rtp[0]);
+    assert!(field(&rtp[0], "received") >= 90, "{}", rtp[0]);
+    assert_eq!(field(&rtp[0], "wrong_payload_type"), 0, "{}", rtp[0]);
+    assert!(field(&rtp[0], "packets_sent") >= 100, "{}", rtp[0]);
+    assert_eq!(lines(&d, &["rtp session start"]).len(), 1);
+}
+
+#[test]
 fn many_calls_at_once() {
     if !need("sipp") || !inside_netns("many_calls_at_once") {
         return;

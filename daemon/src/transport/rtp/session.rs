@@ -304,6 +304,8 @@ struct Session {
     /// and the packets it covers.
     encode_unrecorded: Duration,
     encode_packets: u32,
+    /// The audio paths' counters before the last media switch.
+    media_carried: RtpCounters,
 }
 
 /// Everything a session needs, made by the control handler.
@@ -399,6 +401,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
         c: ClockCounters::default(),
         encode_unrecorded: Duration::ZERO,
         encode_packets: 0,
+        media_carried: RtpCounters::default(),
     };
     let reason = s.serve().await;
     receiver.cancel().await;
@@ -415,6 +418,9 @@ impl Session {
         loop {
             if self.handle.stop_requested() {
                 return EndReason::ClientClosed;
+            }
+            if let Some(spec) = self.handle.take_media_change() {
+                self.switch_media(spec);
             }
             if self.mailbox.shutdown_requested() {
                 return EndReason::ServerShutdown;
@@ -476,6 +482,74 @@ impl Session {
                 .await;
             }
         }
+    }
+
+    /// Carries on with `spec` (a SIP re-INVITE changed the codec or the
+    /// far end): a new audio path at the next frame boundary — jitter
+    /// buffer, resamplers, payload types, a new outgoing stream (new SSRC)
+    /// — and, for a new far end, a new latch. The model's slot, its
+    /// state and the release clock go on untouched. Allocates (a rare
+    /// control-plane event, not per frame).
+    fn switch_media(&mut self, spec: SessionSpec) {
+        let cfg = &self.app.shared.config.rtp;
+        let media = match MediaPath::new(&spec, cfg.jitter_min_ms, cfg.jitter_max_ms) {
+            Ok(m) => m,
+            Err(e) => {
+                // The SIP side checked the spec before answering; keep the
+                // old path rather than end the call.
+                eprintln!(
+                    "<4>rtp session {}: cannot switch to {}: {e}",
+                    self.handle.id,
+                    spec.codec.name()
+                );
+                return;
+            }
+        };
+        // The counters of the path being replaced carry over.
+        let before = self.media_counters(&self.inbound.borrow());
+        self.media_carried = self.media_carried.plus(&before);
+        {
+            let mut i = self.inbound.borrow_mut();
+            let i = &mut *i;
+            let (handle, count, events) = (&i.handle, &mut i.dtmf_events, &mut i.events);
+            i.dtmf
+                .flush(|e| report_dtmf(handle, count, events.as_mut(), e));
+            i.dtmf = DtmfDetector::new(spec.codec.rtp_clock_hz());
+            i.jitter = media.jitter;
+            i.payload_type = spec.payload_type;
+            i.dtmf_payload_type = spec.dtmf_payload_type;
+            if spec.remote.is_some() && spec.remote != i.remote {
+                i.remote = spec.remote;
+                i.latched = None;
+            }
+            self.frame_media = vec![0.0; i.jitter.frame_samples()];
+        }
+        self.out_media = vec![0.0; media.res_out.out_frame()];
+        self.res_in = media.res_in;
+        self.res_out = media.res_out;
+        self.outbound = media.outbound;
+        self.ptime = Duration::from_millis(spec.ptime_ms as u64);
+        self.next_send = None;
+        if spec.remote.is_some() {
+            self.spec.remote = spec.remote;
+        }
+        self.spec = SessionSpec {
+            remote: self.spec.remote,
+            ..spec
+        };
+        self.handle.push_event(RtpEvent::MediaChanged {
+            codec: spec.codec.name(),
+            payload_type: spec.payload_type,
+            remote: self.spec.remote.map(|r| r.to_string()),
+        });
+        eprintln!(
+            "<6>rtp session media id={} codec={} pt={} ptime_ms={} remote={}",
+            self.handle.id,
+            spec.codec.name(),
+            spec.payload_type,
+            spec.ptime_ms,
+            self.spec.remote.map_or("-".to_string(), |r| r.to_string())
+        );
     }
 
     /// Sends the packets due since `due` (at most a few; further packet
@@ -616,24 +690,21 @@ impl Session {
         None
     }
 
-    fn counters(&self) -> (RtpCounters, RtpGauges) {
-        let i = self.inbound.borrow();
+    /// The counters kept by the audio path (jitter buffer, outgoing
+    /// stream), which a media switch replaces: carried over then.
+    fn media_counters(&self, i: &Inbound) -> RtpCounters {
         let j = i.jitter.stats();
         let o = self.outbound.stats();
         let media_hz = self.spec.codec.media_rate_hz() as u64;
-        let c = RtpCounters {
-            received: j.received + i.dtmf_unbuffered,
+        RtpCounters {
+            received: j.received,
             lost: j.lost,
             late: j.late,
             duplicate: j.duplicate,
             reordered: j.reordered,
             concealed: j.concealed,
             concealed_ms: j.concealed_samples * 1000 / media_hz,
-            hijack_attempts: i.hijack_attempts,
-            rtcp_packets: i.rtcp_packets,
-            malformed: i.malformed,
-            wrong_payload_type: i.wrong_payload_type,
-            oversize: i.oversize + j.oversize,
+            oversize: j.oversize,
             ssrc_changes: j.ssrc_changes,
             resyncs: j.resyncs,
             seq_jumps: j.seq_jumps,
@@ -642,6 +713,23 @@ impl Session {
             decode_errors: j.decode_errors,
             dropped_ms: j.dropped_samples * 1000 / media_hz,
             buffering_frames: j.buffering_frames,
+            comfort_silence_packets: o.comfort_silence,
+            output_underruns: o.underruns,
+            output_overflow_samples: o.overflow_samples,
+            ..RtpCounters::default()
+        }
+    }
+
+    fn counters(&self) -> (RtpCounters, RtpGauges) {
+        let i = self.inbound.borrow();
+        let media = self.media_counters(&i).plus(&self.media_carried);
+        let c = RtpCounters {
+            received: media.received + i.dtmf_unbuffered,
+            hijack_attempts: i.hijack_attempts,
+            rtcp_packets: i.rtcp_packets,
+            malformed: i.malformed,
+            wrong_payload_type: i.wrong_payload_type,
+            oversize: i.oversize + media.oversize,
             dtmf_packets: i.dtmf_packets,
             dtmf_events: i.dtmf_events,
             release_ticks: self.c.release_ticks,
@@ -654,11 +742,9 @@ impl Session {
             lane_full: self.c.lane_full,
             backlog_skips: self.c.backlog_skips,
             packets_sent: self.c.packets_sent,
-            comfort_silence_packets: o.comfort_silence,
-            output_underruns: o.underruns,
-            output_overflow_samples: o.overflow_samples,
             send_errors: self.c.send_errors,
             recv_errors: i.recv_errors,
+            ..media
         };
         let g = RtpGauges {
             jitter_ms: i.jitter.jitter_ms(),
@@ -678,6 +764,9 @@ impl Session {
     /// Ends the session: events flushed, record kept for `DELETE`, registry
     /// entry removed, slot released, log written.
     fn finish(mut self, reason: EndReason) {
+        // The counters of the path being replaced carry over.
+        let before = self.media_counters(&self.inbound.borrow());
+        self.media_carried = self.media_carried.plus(&before);
         {
             let mut i = self.inbound.borrow_mut();
             let i = &mut *i;
@@ -697,10 +786,11 @@ impl Session {
         self.app.ctx.end_session(self.ticket);
         self.rec.log();
         eprintln!(
-            "<6>rtp session end id={} codec={} received={} lost={} late={} duplicate={} reordered={} concealed_ms={} hijack_attempts={} dtmf_events={} release_ticks={} frames_to_engine={} packets_sent={}",
+            "<6>rtp session end id={} codec={} received={} wrong_payload_type={} lost={} late={} duplicate={} reordered={} concealed_ms={} hijack_attempts={} dtmf_events={} release_ticks={} frames_to_engine={} packets_sent={}",
             self.handle.id,
             self.spec.codec.name(),
             c.received,
+            c.wrong_payload_type,
             c.lost,
             c.late,
             c.duplicate,

@@ -31,6 +31,13 @@ macro_rules! counters {
             $($(#[doc = $d])+ pub $name: u64,)*
         }
 
+        impl RtpCounters {
+            /// Field by field, `self` + `other`.
+            pub fn plus(&self, other: &RtpCounters) -> RtpCounters {
+                RtpCounters { $($name: self.$name + other.$name,)* }
+            }
+        }
+
         /// [`RtpCounters`] readable from any thread.
         #[derive(Debug, Default)]
         pub struct AtomicCounters {
@@ -182,6 +189,15 @@ pub enum RtpEvent {
     },
     /// A DTMF digit ended.
     Dtmf(DtmfEvent),
+    /// The codec or the far end's address changed (a SIP re-INVITE).
+    MediaChanged {
+        /// The codec now.
+        codec: &'static str,
+        /// Its payload type.
+        payload_type: u8,
+        /// Where RTP goes now, if known.
+        remote: Option<String>,
+    },
 }
 
 /// An event with its place in the session.
@@ -248,6 +264,11 @@ pub struct SessionHandle {
     mutable: Mutex<Mutable>,
     /// The session's event sink, from its creation until its task takes it.
     events: Mutex<Option<crate::events::EventSink>>,
+    /// A codec or address change asked for (SIP re-INVITE), taken by the
+    /// session's task at its next turn; `media_change_pending` says so
+    /// without the lock, so the task's loop reads one atomic per turn.
+    media_change: Mutex<Option<super::session::SessionSpec>>,
+    media_change_pending: AtomicBool,
 }
 
 impl SessionHandle {
@@ -267,7 +288,27 @@ impl SessionHandle {
                 ..Mutable::default()
             }),
             events: Mutex::new(None),
+            media_change: Mutex::new(None),
+            media_change_pending: AtomicBool::new(false),
         }
+    }
+
+    /// Asks the session to carry on with `spec` (another codec, payload
+    /// types or far end); the latest request wins.
+    pub fn request_media_change(&self, spec: super::session::SessionSpec) {
+        *self.media_change.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec);
+        self.media_change_pending.store(true, Ordering::Release);
+    }
+
+    /// The change asked for, once (the session's task).
+    pub fn take_media_change(&self) -> Option<super::session::SessionSpec> {
+        if !self.media_change_pending.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.media_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Hands the session's event sink (registered before the session's id

@@ -49,7 +49,7 @@ use super::transaction::{self, Backoff, Table, Timers};
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
 use crate::session::params::session_params;
-use crate::transport::rtp::session::SessionSpec;
+use crate::transport::rtp::session::{MediaPath, SessionSpec};
 use crate::transport::rtp::start::{self, StartError, StartRequest};
 use crate::transport::rtp::state::SessionState;
 use std::collections::HashMap;
@@ -798,7 +798,7 @@ impl Endpoint {
             self.respond(&req, key, src, 500, None, &[w], None, now);
             return;
         }
-        let choice = call.choice;
+        let (choice, old_remote, session) = (call.choice, call.offer.remote, call.session.clone());
         // No body: the offer comes from moshid (the current one) and the
         // answer in the ACK; the media stays as it is.
         let offer = if req.msg.body.is_empty() {
@@ -813,28 +813,65 @@ impl Endpoint {
                 }
             }
         };
-        // The running session keeps its codec: it must still be offered.
-        let kept = offer.formats.iter().any(|f| f.pt == choice.pt)
-            && offer.remote.is_none_or(|r| Some(r) == call.offer.remote);
-        if !kept {
-            let w = warning(
-                "a re-INVITE may change the direction (hold) but not the codec or the media address",
+        // The running codec stays while the offer still has it; else the
+        // first of sip.codecs the offer has, and the session switches.
+        let c = cfg(&self.app).clone();
+        let keeps_codec = offer.formats.iter().any(|f| f.pt == choice.pt)
+            && matches!(
+                sdp::negotiate(&offer, &[choice.codec.name().to_string()], c.dtmf, c.ptime_ms),
+                Negotiation::Agreed(ch) if ch.pt == choice.pt
             );
-            self.respond(&req, key, src, 488, None, &[w], None, now);
-            return;
+        let new_choice = if keeps_codec {
+            choice
+        } else {
+            match sdp::negotiate(&offer, &c.codecs, c.dtmf, c.ptime_ms) {
+                Negotiation::Agreed(ch) => ch,
+                Negotiation::NoCodec(offered) => {
+                    let w = warning(&format!(
+                        "no codec in common: offered {offered}; moshid takes {}",
+                        c.codecs.join(" ")
+                    ));
+                    self.respond(&req, key, src, 488, None, &[w], None, now);
+                    return;
+                }
+            }
+        };
+        // c=0.0.0.0 (hold) keeps the far end's address.
+        let remote = offer.remote.or(old_remote);
+        let moved = remote != old_remote;
+        if new_choice != choice || moved {
+            let spec = SessionSpec {
+                codec: new_choice.codec,
+                payload_type: new_choice.pt,
+                ptime_ms: new_choice.ptime_ms,
+                dtmf_payload_type: new_choice.dtmf_pt,
+                remote,
+            };
+            let rtp = &self.app.shared.config.rtp;
+            if let Err(e) = MediaPath::new(&spec, rtp.jitter_min_ms, rtp.jitter_max_ms) {
+                let w = warning(&format!("cannot set up the audio path: {e}"));
+                self.respond(&req, key, src, 488, None, &[w], None, now);
+                return;
+            }
+            session.request_media_change(spec);
         }
+        let choice = new_choice;
         let call = self.calls.get_mut(&ck).expect("looked up");
         call.remote_cseq = req.cseq;
         call.session.set_send_paused(!offer.direction.we_send());
         call.sdp_version += 1;
         let mut offer = offer;
-        offer.remote = call.offer.remote;
+        offer.remote = remote;
+        call.choice = choice;
         call.answer = sdp::write_answer(&offer, &choice, call.media, call.sdp_id, call.sdp_version);
         eprintln!(
-            "<6>sip call reinvite call_id={} session={} direction={}",
+            "<6>sip call reinvite call_id={} session={} direction={} codec={} pt={} remote_rtp={}",
             call.call_id,
             call.session.id,
-            offer.direction.answer()
+            offer.direction.answer(),
+            choice.codec.name(),
+            choice.pt,
+            offer.remote.map_or("-".to_string(), |r| r.to_string())
         );
         call.offer = offer;
         let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());

@@ -360,7 +360,7 @@ impl Endpoint {
 
 /// The lifetime a 2xx granted: our Contact's `expires`, else `Expires`,
 /// else what was asked.
-fn granted_expires(m: &Message, asked: u32) -> u32 {
+pub fn granted_expires(m: &Message, asked: u32) -> u32 {
     let from_contact = m.headers_named("Contact").find_map(|c| {
         c.split(';')
             .skip(1)
