@@ -25,7 +25,7 @@ use telephony_common::*;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
 
-const CONFIG: &str = r#"{"session": {"idle_timeout_ms": 10000}}"#;
+const CONFIG: &str = r#"{"session": {"idle_timeout_ms": 10000}, "metrics": {"enabled": true}}"#;
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// What the daemon sent, in order.
@@ -306,9 +306,18 @@ fn healthy_stream(addr: SocketAddr, sid: &str) -> Client {
 fn a_stream_gets_paced_media_and_its_marks_echoed() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let daemon = Daemon::start(CONFIG);
+    let waited = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
     let mut c = healthy_stream(daemon.addr, "MZ00000000000000000000000000000001");
     let arrivals = c.check_media();
     print_gaps("media events", &arrivals);
+    // How long its frames waited for their tick (printed, not asserted):
+    // the engine measures the stream's phase from when its frames complete.
+    let [sum, count] = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
+    let n = count - waited[1];
+    println!(
+        "frame_wait: {n} frames, mean {:.2} ms",
+        (sum - waited[0]) * 1e3 / n.max(1.0)
+    );
     let sid = c.sid.clone();
     c.send(json!({"event": "stop", "sequenceNumber": "200", "streamSid": sid, "stop": {"accountSid": "AC0", "callSid": "CA0"}}));
     c.wait_closed();

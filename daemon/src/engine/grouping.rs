@@ -18,8 +18,9 @@
 //!   the tick drains the lanes as it starts). It keeps its group while that
 //!   group's tick is within `80/G` ms + [`HYSTERESIS_NS`] after its phase, so
 //!   jitter at a boundary does not move it back and forth.
-//! * A stream without one (telephony, whose transport places its frame cut
-//!   ahead of its group's tick; a WebSocket stream before its first frame) keeps its
+//! * A stream without one (RTP, whose transport places its frame cut
+//!   ahead of its group's tick; a WebSocket, AudioSocket or Media Streams
+//!   stream before its first frame) keeps its
 //!   group while that group exists; a new one joins the busiest of the
 //!   [`ANCHOR_GROUPS`] evenly spaced groups that has room (batching is
 //!   cheaper than another step, and those groups outlive load changes, see
@@ -41,8 +42,8 @@ use super::phase::{PhaseEstimator, PERIOD_NS};
 /// apart: a lone stream's frame waits at most a millisecond for its tick,
 /// beyond [`GUARD_NS`]; planning at every tick costs a few microseconds).
 pub const AUTO_POSITIONS: usize = 80;
-/// Streams without a measured phase (telephony, whose transports lock their
-/// frame cut to their group's tick) are placed on the positions of this many
+/// Streams without a measured phase (RTP, whose jitter buffer releases its
+/// frames locked to their group's tick) are placed on the positions of this many
 /// evenly spaced groups, and `auto` only uses group counts whose grid keeps
 /// those positions or merges them whole, so such a group stays where its
 /// transports locked on while load changes (down to this many groups).
@@ -828,7 +829,7 @@ mod tests {
         feed(&mut g, 0, 33 * MS, 8);
         g.plan(&linear);
         assert_eq!(g.group_of(0), Some(34));
-        // Telephony streams (no completion stamps) batch on an anchor.
+        // RTP streams (no completion stamps) batch on an anchor.
         for s in 1..4 {
             g.open(s);
             g.plan(&linear);

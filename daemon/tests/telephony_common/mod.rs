@@ -104,6 +104,19 @@ impl Daemon {
     }
 
     /// Waits until stderr has a line containing every one of `needles`;
+    /// Stage `stage`'s `count` or `sum` (seconds) in `/metrics`, over every
+    /// thread (not the `core="all"` total).
+    pub fn stage_total(&self, stage: &str, what: &str) -> f64 {
+        let (status, page) = http_request(self.addr, "GET", "/metrics", None);
+        assert_eq!(status, 200, "{page}");
+        let series = format!("moshid_stage_duration_seconds_{what}{{stage=\"{stage}\",core=\"");
+        page.lines()
+            .filter_map(|l| l.strip_prefix(series.as_str()))
+            .filter(|l| !l.starts_with("all"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+
     /// returns it.
     pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;

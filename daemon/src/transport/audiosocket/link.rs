@@ -105,11 +105,20 @@ impl EngineLink {
         by_bound.min(by_room)
     }
 
-    /// Sends one frame (the caller checked [`EngineLink::budget`]).
-    pub fn send(&mut self, frame: &[f32; FRAME_SAMPLES], rec: &mut SessionRecord) {
+    /// Sends one frame (the caller checked [`EngineLink::budget`]) whose
+    /// last sample arrived at `completed_at`: the engine measures the
+    /// stream's phase from it, as for a WebSocket stream, and ticks the
+    /// stream's group right after its frames complete (the caller's
+    /// network, not moshid, decides when that is).
+    pub fn send(
+        &mut self,
+        frame: &[f32; FRAME_SAMPLES],
+        completed_at: Instant,
+        rec: &mut SessionRecord,
+    ) {
         let ctx = &self.app.ctx;
         let pushed_at = ctx.metrics_on().then(Instant::now);
-        match ctx.send_frame_at(self.ticket, frame, pushed_at) {
+        match ctx.send_completed_frame(self.ticket, frame, pushed_at, Some(completed_at)) {
             Ok(()) => {
                 if self.in_flight == 0 {
                     self.last_progress = Instant::now();

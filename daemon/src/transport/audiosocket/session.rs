@@ -473,10 +473,13 @@ impl Call {
                     let budget = self.link.budget(Some(&line.output));
                     let link = &mut self.link;
                     let rec = &mut self.rec;
+                    // The frames this message completes were complete when
+                    // it was read (also when they wait here for answers).
+                    let arrived = self.last_rx;
                     let t = link.app.ctx.metrics_on().then(Instant::now);
-                    let taken = line
-                        .input
-                        .push(rest, budget, &mut self.frame, |f| link.send(f, rec));
+                    let taken = line.input.push(rest, budget, &mut self.frame, |f| {
+                        link.send(f, arrived, rec)
+                    });
                     if let Some(t) = t {
                         link.app.ctx.stages.record(Stage::Decode, t.elapsed());
                     }

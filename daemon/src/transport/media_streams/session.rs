@@ -519,11 +519,13 @@ impl Stream {
         let budget = self.link.budget(Some(&self.output));
         let link = &mut self.link;
         let rec = &mut self.rec;
+        // Complete when the media message that ended them was read.
+        let arrived = self.last_rx;
         let taken = self.input.push(
             &self.pending[self.pending_taken..self.pending_len],
             budget,
             &mut self.frame,
-            |f| link.send(f, rec),
+            |f| link.send(f, arrived, rec),
         );
         self.pending_taken += taken;
         Ok(())
