@@ -170,7 +170,10 @@ fn stage_count(d: &Daemon, stage: &str) -> u64 {
 fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let daemon = Daemon::start(
-        r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}, "metrics": {"enabled": true}}"#,
+        &[],
+        Some(
+            r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}, "metrics": {"enabled": true}}"#,
+        ),
     );
     let addr = daemon
         .audiosocket
@@ -181,7 +184,7 @@ fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
     let waited = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
     let msgs = healthy_call(addr, 1, 2.0);
     let sent = check_healthy("healthy call", &msgs, 100);
-    let line = daemon.wait_for_log(
+    let line = daemon.wait_for_log_line(
         &["audiosocket call end", "-000000000001"],
         Duration::from_secs(10),
     );
@@ -199,7 +202,7 @@ fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
         "{line}"
     );
     assert!(line.contains("audio_in=100"), "{line}");
-    let session = daemon.wait_for_log(
+    let session = daemon.wait_for_log_line(
         &["session end", "transport=audiosocket"],
         Duration::from_secs(10),
     );
@@ -254,7 +257,7 @@ fn bad_call(addr: SocketAddr, messages: Vec<Vec<u8>>, pace: Duration) -> Vec<Msg
 #[test]
 fn malformed_messages_end_only_their_own_call() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(CONFIG);
+    let daemon = Daemon::start(&[], Some(CONFIG));
     let addr = daemon.audiosocket.unwrap();
 
     let healthy = thread::spawn(move || healthy_call(addr, 2, 2.0));
@@ -330,7 +333,7 @@ fn malformed_messages_end_only_their_own_call() {
     }
     let msgs = healthy.join().unwrap();
     check_healthy("concurrent healthy call", &msgs, 100);
-    let line = daemon.wait_for_log(
+    let line = daemon.wait_for_log_line(
         &["audiosocket call end", "-000000000002"],
         Duration::from_secs(10),
     );
@@ -339,7 +342,7 @@ fn malformed_messages_end_only_their_own_call() {
         "{line}"
     );
     for code in ["0x01", "0x02", "0x03", "0x04"] {
-        daemon.wait_for_log(
+        daemon.wait_for_log_line(
             &[
                 "audiosocket call end",
                 "reason=protocol_error",

@@ -344,11 +344,14 @@ fn sse_and_webhooks_follow_chat_rtp_and_media_stream_calls() {
     let (dead_hook, dead_rx) = webhook_receiver(None);
     let (live_hook, live_rx) = webhook_receiver(Some(204));
     let d = Daemon::start(
-        r#"{"session": {"idle_timeout_ms": 5000},
+        &[],
+        Some(
+            r#"{"session": {"idle_timeout_ms": 5000},
             "rtp": {"inactivity_timeout_ms": 5000},
             "metrics": {"enabled": true},
             "events": {"session_webhook_prefixes": ["http://127.0.0.1:"],
                        "webhook_timeout_ms": 60000, "webhook_retries": 0, "poll_ms": 10}}"#,
+        ),
     );
 
     // --- WebSocket chat, followed from its upgrade; its webhook never answers.
@@ -587,8 +590,11 @@ fn sse_and_webhooks_follow_chat_rtp_and_media_stream_calls() {
 fn bad_subscriptions_get_clear_errors() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = Daemon::start(
-        r#"{"rtp": {"inactivity_timeout_ms": 5000}, "listen": {"token": "s3cret"},
+        &[],
+        Some(
+            r#"{"rtp": {"inactivity_timeout_ms": 5000}, "listen": {"token": "s3cret"},
             "events": {"max_subscribers_per_session": 1}}"#,
+        ),
     );
     const AUTH: &str = "Authorization: Bearer s3cret\r\n";
     let req = |method: &str, path: &str, body: Option<&str>| {

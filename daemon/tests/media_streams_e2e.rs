@@ -305,7 +305,7 @@ fn healthy_stream(addr: SocketAddr, sid: &str) -> Client {
 #[test]
 fn a_stream_gets_paced_media_and_its_marks_echoed() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(CONFIG);
+    let daemon = Daemon::start(&[], Some(CONFIG));
     let waited = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
     let mut c = healthy_stream(daemon.addr, "MZ00000000000000000000000000000001");
     let arrivals = c.check_media();
@@ -321,7 +321,7 @@ fn a_stream_gets_paced_media_and_its_marks_echoed() {
     let sid = c.sid.clone();
     c.send(json!({"event": "stop", "sequenceNumber": "200", "streamSid": sid, "stop": {"accountSid": "AC0", "callSid": "CA0"}}));
     c.wait_closed();
-    let line = daemon.wait_for_log(
+    let line = daemon.wait_for_log_line(
         &["media stream end", "MZ00000000000000000000000000000001"],
         Duration::from_secs(10),
     );
@@ -335,7 +335,7 @@ fn a_stream_gets_paced_media_and_its_marks_echoed() {
         "{line}"
     );
     assert!(line.contains("reason=client_closed"), "{line}");
-    let session = daemon.wait_for_log(
+    let session = daemon.wait_for_log_line(
         &["session end", "transport=media_stream"],
         Duration::from_secs(10),
     );
@@ -348,7 +348,7 @@ fn a_stream_gets_paced_media_and_its_marks_echoed() {
 #[test]
 fn clear_flushes_queued_audio_and_releases_the_pending_mark() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(CONFIG);
+    let daemon = Daemon::start(&[], Some(CONFIG));
     let mut c = Client::connect(daemon.addr, "MZclear");
     c.start(json!({}));
     let mut clear_at_event = 0;
@@ -381,7 +381,7 @@ fn clear_flushes_queued_audio_and_releases_the_pending_mark() {
     c.check_media();
     c.send(json!({"event": "stop", "streamSid": "MZclear"}));
     c.wait_closed();
-    let line = daemon.wait_for_log(&["media stream end", "MZclear"], Duration::from_secs(10));
+    let line = daemon.wait_for_log_line(&["media stream end", "MZclear"], Duration::from_secs(10));
     println!("{line}");
     assert!(
         line.contains("clears=1") && line.contains("marks=2"),
@@ -409,7 +409,7 @@ fn bad_stream(addr: SocketAddr, sid: &str, with_start: bool, msgs: Vec<Message>)
 #[test]
 fn bad_events_end_only_their_own_stream() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(CONFIG);
+    let daemon = Daemon::start(&[], Some(CONFIG));
     let addr = daemon.addr;
     let healthy = thread::spawn(move || healthy_stream(addr, "MZhealthy"));
     thread::sleep(Duration::from_millis(300));
@@ -492,7 +492,7 @@ fn bad_events_end_only_their_own_stream() {
     assert!(!c.closed, "the healthy stream was closed");
     c.check_media();
     for sid in ["MZjson", "MZbase64", "MZunknown", "MZbinary"] {
-        daemon.wait_for_log(
+        daemon.wait_for_log_line(
             &["media stream end", sid, "reason=protocol_error"],
             Duration::from_secs(10),
         );

@@ -59,6 +59,8 @@ pub struct Daemon {
     pub addr: SocketAddr,
     /// The SIP endpoint's UDP address, when `sip.enabled`.
     pub sip: Option<SocketAddr>,
+    /// The AudioSocket listener, when `audiosocket.enabled`.
+    pub audiosocket: Option<SocketAddr>,
     stderr_path: PathBuf,
     dir: tempfile::TempDir,
     /// For a daemon with built-in TLS: how the helpers' requests trust it.
@@ -234,6 +236,7 @@ impl Daemon {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             sip: None,
+            audiosocket: None,
             stderr_path,
             dir,
             tls,
@@ -254,6 +257,11 @@ impl Daemon {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
+                    if let Some(a) = line.trim().strip_prefix("audiosocket listening on ") {
+                        daemon.audiosocket = Some(a.parse().unwrap_or_else(|e| {
+                            panic!("bad AudioSocket address in {line:?}: {e}")
+                        }));
+                    }
                     // `sip listening on udp ADDR [tcp ADDR]`: the same address.
                     if let Some(a) = line.trim().strip_prefix("sip listening on udp ") {
                         let a = a.split_whitespace().next().unwrap_or("");
@@ -454,6 +462,40 @@ impl Daemon {
             .status()
             .expect("running kill");
         assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits until stderr has a line containing every one of `needles`;
+    /// returns that line.
+    pub fn wait_for_log_line(&self, needles: &[&str], timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self
+                .stderr()
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
+                return line.to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needles:?} within {timeout:?}; stderr:\n{}",
+                self.stderr_tail()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stage `stage`'s `count` or `sum` (seconds) in `/metrics`, over every
+    /// thread (not the `core="all"` total).
+    pub fn stage_total(&self, stage: &str, what: &str) -> f64 {
+        let (status, page) = self.http_get("/metrics");
+        assert_eq!(status, 200, "{page}");
+        let series = format!("moshid_stage_duration_seconds_{what}{{stage=\"{stage}\",core=\"");
+        page.lines()
+            .filter_map(|l| l.strip_prefix(series.as_str()))
+            .filter(|l| !l.starts_with("all"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
     }
 
     /// Waits until the daemon's stderr contains `needle`; returns the log.

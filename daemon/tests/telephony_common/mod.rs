@@ -1,152 +1,27 @@
-//! Shared by the telephony end-to-end tests: start the real `moshid serve`
-//! on loopback (ephemeral ports for the HTTP listener and, when enabled,
-//! the AudioSocket listener), read its logs, make test audio, and summarise
-//! packet arrival gaps.
+//! Shared by the telephony end-to-end tests: the real `moshid serve` on
+//! loopback (the end-to-end suites' one [`Daemon`], from `tests/common`),
+//! plain HTTP requests, test audio, and summaries of packet arrival gaps.
 //!
 //! Every wait is bounded (socket timeouts, deadlines), so a hung daemon
 //! fails a test instead of hanging it.
 
 #![allow(dead_code)] // each test binary uses a subset
 
-use std::io::{BufRead, BufReader};
+#[path = "../../../tests/common/mod.rs"]
+pub mod common;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
-use std::thread;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The first start writes the demo checkpoint and warms the engine up.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Bound on any socket read or write.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One daemon at a time: the machine may have two CPUs.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A running `moshid serve`; dropping it stops the process.
-pub struct Daemon {
-    child: Child,
-    /// The HTTP/WebSocket listener.
-    pub addr: SocketAddr,
-    /// The AudioSocket listener, when enabled.
-    pub audiosocket: Option<SocketAddr>,
-    stderr_path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    /// Starts `moshid serve --listen 127.0.0.1:0 --cache-dir … --config
-    /// <config_json>` and waits for its listening lines.
-    pub fn start(config_json: &str) -> Daemon {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = tempfile::Builder::new()
-            .prefix("moshid-telephony-")
-            .tempdir_in(tmp)
-            .unwrap();
-        let config = dir.path().join("config.json");
-        std::fs::write(&config, config_json).unwrap();
-        let stderr_path = dir.path().join("stderr.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moshid"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
-            .arg(tmp.join("demo-cache"))
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
-            .spawn()
-            .expect("spawning moshid serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let mut daemon = Daemon {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            audiosocket: None,
-            stderr_path,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .unwrap_or_else(|_| {
-                    panic!("moshid did not start; stderr:\n{}", daemon.stderr_tail())
-                });
-            let line = line.trim();
-            if let Some(a) = line.strip_prefix("audiosocket listening on ") {
-                daemon.audiosocket = Some(a.parse().unwrap());
-            }
-            if let Some(a) = line.strip_prefix("moshid listening on http://") {
-                daemon.addr = a.parse().unwrap();
-                break;
-            }
-        }
-        daemon
-    }
-
-    /// The whole stderr log.
-    pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-
-    /// The last 60 lines of stderr.
-    pub fn stderr_tail(&self) -> String {
-        let text = self.stderr();
-        let tail: Vec<&str> = text.lines().rev().take(60).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    }
-
-    /// Waits until stderr has a line containing every one of `needles`;
-    /// Stage `stage`'s `count` or `sum` (seconds) in `/metrics`, over every
-    /// thread (not the `core="all"` total).
-    pub fn stage_total(&self, stage: &str, what: &str) -> f64 {
-        let (status, page) = http_request(self.addr, "GET", "/metrics", None);
-        assert_eq!(status, 200, "{page}");
-        let series = format!("moshid_stage_duration_seconds_{what}{{stage=\"{stage}\",core=\"");
-        page.lines()
-            .filter_map(|l| l.strip_prefix(series.as_str()))
-            .filter(|l| !l.starts_with("all"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// returns it.
-    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(line) = self
-                .stderr()
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-            {
-                return line.to_string();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {needles:?} within {timeout:?}; stderr:\n{}",
-                self.stderr_tail()
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            eprintln!("---- moshid stderr (tail) ----\n{}", self.stderr_tail());
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The daemon: the one helper every end-to-end suite starts it with.
+pub use common::Daemon;
 
 /// `n` samples of a 440 Hz tone at `rate`, 16-bit.
 pub fn tone(rate: u32, start: usize, n: usize) -> Vec<i16> {
