@@ -302,7 +302,10 @@ impl SessionHandle {
 
     /// The change asked for, once (the session's task).
     pub fn take_media_change(&self) -> Option<super::session::SessionSpec> {
-        if !self.media_change_pending.swap(false, Ordering::AcqRel) {
+        // A plain load first: the task asks on every turn, and a change is rare.
+        if !self.media_change_pending.load(Ordering::Acquire)
+            || !self.media_change_pending.swap(false, Ordering::AcqRel)
+        {
             return None;
         }
         self.media_change
