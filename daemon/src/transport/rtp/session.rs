@@ -764,9 +764,6 @@ impl Session {
     /// Ends the session: events flushed, record kept for `DELETE`, registry
     /// entry removed, slot released, log written.
     fn finish(mut self, reason: EndReason) {
-        // The counters of the path being replaced carry over.
-        let before = self.media_counters(&self.inbound.borrow());
-        self.media_carried = self.media_carried.plus(&before);
         {
             let mut i = self.inbound.borrow_mut();
             let i = &mut *i;
