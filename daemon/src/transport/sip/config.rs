@@ -434,6 +434,12 @@ pub fn validate(c: &SipConfig, listen: SocketAddr) -> Result<(), (&'static str, 
         validate_auth(a)?;
     }
     validate_client(c)?;
+    if !c.enabled && !c.registrations.is_empty() {
+        return Err((
+            "sip.registrations",
+            "needs sip.enabled (moshid registers so that calls reach its SIP endpoint)".into(),
+        ));
+    }
     if c.enabled {
         if c.address.port() != 0 && c.address == listen {
             return Err((
@@ -579,9 +585,13 @@ mod tests {
         );
         let reg = |more: &str| {
             check(&format!(
-                r#"{{"registrations": [{{"registrar": "sip:127.0.0.1:5070", "aor": "sip:600@pbx"{more}}}]}}"#
+                r#"{{"enabled": true, "registrations": [{{"registrar": "sip:127.0.0.1:5070", "aor": "sip:600@pbx"{more}}}]}}"#
             ))
         };
+        assert_eq!(
+            check(r#"{"registrations": [{"registrar": "sip:127.0.0.1", "aor": "sip:600@pbx"}]}"#),
+            Err("sip.registrations")
+        );
         assert_eq!(reg(""), Ok(()));
         assert_eq!(
             reg(r#", "expires_s": 10"#),
@@ -593,11 +603,15 @@ mod tests {
             Err("sip.registrations.auth")
         );
         assert_eq!(
-            check(r#"{"registrations": [{"registrar": "sip:h", "aor": "sip:pbx"}]}"#),
+            check(
+                r#"{"enabled": true, "registrations": [{"registrar": "sip:h", "aor": "sip:pbx"}]}"#
+            ),
             Err("sip.registrations.aor")
         );
         assert_eq!(
-            check(r#"{"registrations": [{"registrar": "http://h", "aor": "sip:a@pbx"}]}"#),
+            check(
+                r#"{"enabled": true, "registrations": [{"registrar": "http://h", "aor": "sip:a@pbx"}]}"#
+            ),
             Err("sip.registrations.registrar")
         );
     }
