@@ -24,11 +24,13 @@
 use super::session::SessionSpec;
 use super::start::{self, StartError, StartRequest};
 use super::state::{SessionState, EVENT_LOG_CAPACITY};
+use crate::events::webhook::WebhookUrl;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::session::params::session_params;
 use crate::telephony::{CodecKind, CodecSpec};
+use moshid_model::streaming::SessionParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -174,6 +176,28 @@ impl CreateRequest {
     }
 }
 
+/// A control call's session parameters and webhook: `pairs` checked
+/// against the model, `webhook_url` against
+/// `events.session_webhook_prefixes` (default `session.webhook_url`).
+/// Shared by the control calls that start sessions; the error names the
+/// field (a 400).
+pub fn session_of(
+    shared: &crate::io::app::Shared,
+    pairs: &[(String, String)],
+    webhook_url: Option<&str>,
+) -> Result<(SessionParams, Option<WebhookUrl>), String> {
+    let cfg = &shared.config;
+    let params = session_params(pairs, &cfg.defaults, &shared.model_info)
+        .map_err(|e| format!("field `params`: {e}"))?;
+    let webhook = crate::events::webhook::choose(
+        webhook_url,
+        cfg.session.webhook_url.as_deref(),
+        &cfg.events.session_webhook_prefixes,
+    )
+    .map_err(|e| format!("field `webhook_url`: {e}"))?;
+    Ok((params, webhook))
+}
+
 /// A JSON `params` object as `(key, value)` pairs (strings, numbers and
 /// booleans; anything else is refused naming the key). Shared by the
 /// control calls that take session parameters.
@@ -279,19 +303,9 @@ async fn create(
         Ok(p) => p,
         Err(e) => return http::write_error(stream, 400, &e.to_string()).await,
     };
-    let params = match session_params(&pairs, &cfg.defaults, &shared.model_info) {
+    let (params, webhook) = match session_of(&shared, &pairs, req.webhook_url.as_deref()) {
         Ok(p) => p,
-        Err(e) => return http::write_error(stream, 400, &format!("field `params`: {e}")).await,
-    };
-    let webhook = match crate::events::webhook::choose(
-        req.webhook_url.as_deref(),
-        cfg.session.webhook_url.as_deref(),
-        &cfg.events.session_webhook_prefixes,
-    ) {
-        Ok(w) => w,
-        Err(e) => {
-            return http::write_error(stream, 400, &format!("field `webhook_url`: {e}")).await
-        }
+        Err(e) => return http::write_error(stream, 400, &e).await,
     };
     let reached_at = stream.tcp().local_addr().ok().map(|a| a.ip());
     let started = match start::start(

@@ -94,6 +94,11 @@ pub struct MediaPath {
 }
 
 impl MediaPath {
+    /// [`MediaPath::new`] with the jitter buffer's bounds from `rtp.*`.
+    pub fn configured(spec: &SessionSpec, rtp: &crate::config::RtpConfig) -> Result<Self, String> {
+        Self::new(spec, rtp.jitter_min_ms, rtp.jitter_max_ms)
+    }
+
     /// Codecs, resamplers and buffers for `spec`.
     pub fn new(spec: &SessionSpec, jitter_min_ms: u32, jitter_max_ms: u32) -> Result<Self, String> {
         let frame_ms = FRAME_MS as u32;
@@ -492,7 +497,7 @@ impl Session {
     /// control-plane event, not per frame).
     fn switch_media(&mut self, spec: SessionSpec) {
         let cfg = &self.app.shared.config.rtp;
-        let media = match MediaPath::new(&spec, cfg.jitter_min_ms, cfg.jitter_max_ms) {
+        let media = match MediaPath::configured(&spec, cfg) {
             Ok(m) => m,
             Err(e) => {
                 // The SIP side checked the spec before answering; keep the

@@ -117,7 +117,7 @@ impl Reservation {
 pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
     let cfg = &app.shared.config;
     // Every buffer is made before the slot is taken.
-    let media = MediaPath::new(&req.spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
+    let media = MediaPath::configured(&req.spec, &cfg.rtp)
         .map_err(|e| StartError::Internal(format!("cannot set up the audio path: {e}")))?;
     let reservation = reserve(
         app,

@@ -127,6 +127,12 @@ pub fn response(
         }
     }
     let _ = write!(s, "Server: {SERVER}\r\n");
+    finish(s, extra, sdp)
+}
+
+/// Ends a message whose first header lines are in `s`: the `extra` lines,
+/// then its SDP body with its type and length, or `Content-Length: 0`.
+fn finish(mut s: String, extra: &[String], sdp: Option<&str>) -> Vec<u8> {
     for h in extra {
         let _ = write!(s, "{h}\r\n");
     }
@@ -188,20 +194,7 @@ pub fn request_with(
     let _ = write!(s, "Call-ID: {}\r\n", d.call_id);
     let _ = write!(s, "CSeq: {} {method}\r\n", d.cseq);
     let _ = write!(s, "User-Agent: {SERVER}\r\n");
-    for h in extra {
-        let _ = write!(s, "{h}\r\n");
-    }
-    match sdp {
-        Some(body) => {
-            let _ = write!(
-                s,
-                "Content-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-        None => s.push_str("Content-Length: 0\r\n\r\n"),
-    }
-    s.into_bytes()
+    finish(s, extra, sdp)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! `sip_connection_closed`: moshid opens no connections, so it could
 //! neither hang up nor hear a BYE) take it out; whatever ends it, its RTP session is asked to stop.
 
-use super::peer::Peer;
+use super::peer::{Peer, Transport};
 use super::sdp::{Choice, Offer};
 use super::transaction::Backoff;
 use crate::transport::rtp::state::SessionHandle;
@@ -110,6 +110,16 @@ pub struct Call {
 }
 
 impl Call {
+    /// Our Contact header in this dialog (RFC 3263: the transport is named
+    /// when it is not UDP).
+    pub fn contact(&self) -> String {
+        let local = self.local_sip;
+        match self.peer.transport {
+            Transport::Udp | Transport::UdpOut => format!("Contact: <sip:moshid@{local}>"),
+            Transport::Tcp => format!("Contact: <sip:moshid@{local};transport=tcp>"),
+        }
+    }
+
     /// The dialog key: Call-ID and our tag.
     pub fn key(call_id: &str, local_tag: &str) -> String {
         format!("{call_id}|{local_tag}")

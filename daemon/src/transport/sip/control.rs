@@ -25,7 +25,7 @@ use super::uri::SipUri;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
-use crate::session::params::session_params;
+use crate::transport::rtp::control::{param_pairs, session_of};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -150,7 +150,7 @@ async fn place(
         Ok(hp) => hp,
         Err(e) => return http::write_error(stream, 400, &format!("field `to`: {e}")).await,
     };
-    let pairs = match crate::transport::rtp::control::param_pairs(&req.params) {
+    let pairs = match param_pairs(&req.params) {
         Ok(p) => p,
         Err(e) => return http::write_error(stream, 400, &e.to_string()).await,
     };
@@ -161,19 +161,9 @@ async fn place(
         .map(|(k, v)| (k.clone(), v.clone()))
         .chain(pairs)
         .collect();
-    let params = match session_params(&pairs, &cfg.defaults, &shared.model_info) {
+    let (params, webhook) = match session_of(&shared, &pairs, req.webhook_url.as_deref()) {
         Ok(p) => p,
-        Err(e) => return http::write_error(stream, 400, &format!("field `params`: {e}")).await,
-    };
-    let webhook = match crate::events::webhook::choose(
-        req.webhook_url.as_deref(),
-        cfg.session.webhook_url.as_deref(),
-        &cfg.events.session_webhook_prefixes,
-    ) {
-        Ok(w) => w,
-        Err(e) => {
-            return http::write_error(stream, 400, &format!("field `webhook_url`: {e}")).await
-        }
+        Err(e) => return http::write_error(stream, 400, &e).await,
     };
     let target = match resolve(&host, port).await {
         Ok(a) => a,

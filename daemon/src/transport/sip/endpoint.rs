@@ -49,7 +49,7 @@ use super::transaction::{self, Backoff, Table, Timers};
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
 use crate::session::params::session_params;
-use crate::transport::rtp::session::{MediaPath, SessionSpec};
+use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
 use crate::transport::rtp::state::SessionState;
 use std::collections::HashMap;
@@ -312,16 +312,6 @@ impl Endpoint {
         bytes
     }
 
-    /// Our Contact for a dialog with `peer` (RFC 3263: the transport is
-    /// named when it is not UDP).
-    fn contact(&self, peer: Peer) -> String {
-        let local = self.local_for(peer);
-        match peer.transport {
-            Transport::Udp | Transport::UdpOut => format!("Contact: <sip:moshid@{local}>"),
-            Transport::Tcp => format!("Contact: <sip:moshid@{local};transport=tcp>"),
-        }
-    }
-
     fn on_request(&mut self, req: Request, src: Peer, now: Instant) {
         let key = transaction::key(&req, src);
         if req.method == "ACK" {
@@ -455,11 +445,7 @@ impl Endpoint {
     }
 
     fn on_response(&mut self, m: &message::Message, code: u16, src: Peer, now: Instant) {
-        let method = m
-            .header("CSeq")
-            .and_then(|c| c.split_whitespace().nth(1))
-            .unwrap_or("");
-        match method {
+        match m.cseq().map_or("", |(_, method)| method) {
             "INVITE" | "CANCEL" => return self.on_client_response(m, code, src, now),
             "REGISTER" => return self.on_register_response(m, code, src, now),
             _ => {}
@@ -467,11 +453,7 @@ impl Endpoint {
         if code < 200 {
             return;
         }
-        let Some(branch) = m
-            .header("Via")
-            .and_then(|v| message::parse_via(v).ok())
-            .map(|v| v.branch)
-        else {
+        let Some(branch) = m.top_branch() else {
             return;
         };
         let done: Vec<String> = self
@@ -563,10 +545,7 @@ impl Endpoint {
             Negotiation::Agreed(ch) => ch,
             Negotiation::NoCodec(offered) => {
                 self.counters.not_acceptable += 1;
-                let w = warning(&format!(
-                    "no codec in common: offered {offered}; moshid takes {}",
-                    c.codecs.join(" ")
-                ));
+                let w = warning(&sdp::no_codec_why(&offered, &c.codecs));
                 self.respond(&req, key, src, 488, None, &[w], None, now);
                 return;
             }
@@ -587,13 +566,7 @@ impl Endpoint {
         } else {
             Some(self.local.ip())
         };
-        let spec = SessionSpec {
-            codec: choice.codec,
-            payload_type: choice.pt,
-            ptime_ms: choice.ptime_ms,
-            dtmf_payload_type: choice.dtmf_pt,
-            remote: offer.remote,
-        };
+        let spec = choice.spec(offer.remote);
         let webhook = crate::events::webhook::default_for(&shared.config);
         let started = match start::start(
             &self.app,
@@ -681,8 +654,8 @@ impl Endpoint {
             call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
             caller.as_deref().unwrap_or("-")
         );
+        let contact = call.contact();
         self.calls.insert(ck.clone(), call);
-        let contact = self.contact(src);
         self.respond(&req, key, src, 180, Some(&local_tag), &[contact], None, now);
         if c.ring_ms == 0 {
             self.answer(&ck, now);
@@ -700,15 +673,16 @@ impl Endpoint {
         else {
             return;
         };
-        let (req, key, src, tag, sdp) = (
+        let (req, key, src, tag, sdp, contact) = (
             (**invite).clone(),
             invite_tx.clone(),
             call.peer,
             call.local_tag.clone(),
             call.answer.clone(),
+            call.contact(),
         );
         let extra = [
-            self.contact(src),
+            contact,
             format!("Allow: {ALLOW}"),
             "Supported: ".to_string(),
         ];
@@ -827,10 +801,7 @@ impl Endpoint {
             match sdp::negotiate(&offer, &c.codecs, c.dtmf, c.ptime_ms) {
                 Negotiation::Agreed(ch) => ch,
                 Negotiation::NoCodec(offered) => {
-                    let w = warning(&format!(
-                        "no codec in common: offered {offered}; moshid takes {}",
-                        c.codecs.join(" ")
-                    ));
+                    let w = warning(&sdp::no_codec_why(&offered, &c.codecs));
                     self.respond(&req, key, src, 488, None, &[w], None, now);
                     return;
                 }
@@ -840,15 +811,8 @@ impl Endpoint {
         let remote = offer.remote.or(old_remote);
         let moved = remote != old_remote;
         if new_choice != choice || moved {
-            let spec = SessionSpec {
-                codec: new_choice.codec,
-                payload_type: new_choice.pt,
-                ptime_ms: new_choice.ptime_ms,
-                dtmf_payload_type: new_choice.dtmf_pt,
-                remote,
-            };
-            let rtp = &self.app.shared.config.rtp;
-            if let Err(e) = MediaPath::new(&spec, rtp.jitter_min_ms, rtp.jitter_max_ms) {
+            let spec = new_choice.spec(remote);
+            if let Err(e) = MediaPath::configured(&spec, &self.app.shared.config.rtp) {
                 let w = warning(&format!("cannot set up the audio path: {e}"));
                 self.respond(&req, key, src, 488, None, &[w], None, now);
                 return;
@@ -875,7 +839,7 @@ impl Endpoint {
         );
         call.offer = offer;
         let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());
-        let extra = [self.contact(src), format!("Allow: {ALLOW}")];
+        let extra = [call.contact(), format!("Allow: {ALLOW}")];
         let ok = self.respond(&req, key, src, 200, Some(&tag), &extra, Some(&sdp), now);
         let timers = self.timers;
         if let Some(call) = self.calls.get_mut(&ck) {

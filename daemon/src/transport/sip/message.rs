@@ -265,6 +265,31 @@ impl Message {
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
+
+    /// The branch of the topmost Via (matches a response to the request
+    /// moshid sent), if it reads.
+    pub fn top_branch(&self) -> Option<String> {
+        self.header("Via")
+            .and_then(|v| parse_via(v).ok())
+            .map(|v| v.branch)
+    }
+
+    /// `(number, method)` of the CSeq header, if it reads.
+    pub fn cseq(&self) -> Option<(u32, &str)> {
+        let (n, method) = self
+            .header("CSeq")?
+            .trim()
+            .split_once(char::is_whitespace)?;
+        Some((n.parse().ok()?, method.trim()))
+    }
+
+    /// A response's status as words (`486 Busy Here`); empty for a request.
+    pub fn status_text(&self) -> String {
+        match &self.start {
+            StartLine::Response { code, reason } => format!("{code} {reason}"),
+            StartLine::Request { .. } => String::new(),
+        }
+    }
 }
 
 /// The topmost Via: `SIP/2.0/UDP host:port;branch=…`.

@@ -235,11 +235,7 @@ impl Endpoint {
 
     /// A response to a REGISTER.
     pub(super) fn on_register_response(&mut self, m: &Message, code: u16, src: Peer, now: Instant) {
-        let branch = m
-            .header("Via")
-            .and_then(|v| super::message::parse_via(v).ok())
-            .map(|v| v.branch)
-            .unwrap_or_default();
+        let branch = m.top_branch().unwrap_or_default();
         let Some(i) = self.registrations.iter().position(|r| {
             r.target.map(Peer::udp_out) == Some(src)
                 && matches!(&r.phase, Phase::Sent { branch: b, .. } if *b == branch)
@@ -311,13 +307,7 @@ impl Endpoint {
                 }
             }
             _ => {
-                let why = match &m.start {
-                    super::message::StartLine::Response { reason, .. } => {
-                        format!("{code} {reason}")
-                    }
-                    _ => code.to_string(),
-                };
-                self.registration_failed(i, Some(code), &why, now);
+                self.registration_failed(i, Some(code), &m.status_text(), now);
             }
         }
     }

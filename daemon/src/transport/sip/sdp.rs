@@ -20,6 +20,7 @@
 
 use crate::telephony::codec::L16_RATES_HZ;
 use crate::telephony::{CodecKind, CodecSpec};
+use crate::transport::rtp::session::SessionSpec;
 use std::net::{IpAddr, SocketAddr};
 
 /// Media lines accepted in one offer.
@@ -259,6 +260,28 @@ pub struct Choice {
     pub dtmf_pt: Option<u8>,
     /// Packet time moshid sends.
     pub ptime_ms: u32,
+}
+
+impl Choice {
+    /// The RTP session that carries this choice to `remote`.
+    pub fn spec(&self, remote: Option<SocketAddr>) -> SessionSpec {
+        SessionSpec {
+            codec: self.codec,
+            payload_type: self.pt,
+            ptime_ms: self.ptime_ms,
+            dtmf_payload_type: self.dtmf_pt,
+            remote,
+        }
+    }
+}
+
+/// Why an offer with nothing in common is refused (its 488's `Warning`):
+/// what it `offered` ([`Negotiation::NoCodec`]) and what moshid takes.
+pub fn no_codec_why(offered: &str, preference: &[String]) -> String {
+    format!(
+        "no codec in common: offered {offered}; moshid takes {}",
+        preference.join(" ")
+    )
 }
 
 /// The outcome of negotiation.

@@ -42,7 +42,7 @@ use super::status::OutboundCall;
 use super::transaction::Backoff;
 use crate::events::webhook::WebhookUrl;
 use crate::session::record::EndReason;
-use crate::transport::rtp::session::{MediaPath, SessionSpec};
+use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, Reservation, StartError};
 use moshid_model::streaming::SessionParams;
 use std::net::SocketAddr;
@@ -134,20 +134,6 @@ pub struct Outgoing {
 /// The value of header `name` of `m`, or "".
 fn header<'a>(m: &'a Message, name: &str) -> &'a str {
     m.header(name).unwrap_or("")
-}
-
-/// `(number, method)` of a CSeq header.
-fn cseq_of(m: &Message) -> Option<(u32, String)> {
-    let (n, method) = header(m, "CSeq").trim().split_once(char::is_whitespace)?;
-    Some((n.parse().ok()?, method.trim().to_string()))
-}
-
-/// The reason phrase of a response.
-fn reason_of(m: &Message) -> String {
-    match &m.start {
-        message::StartLine::Response { code, reason } => format!("{code} {reason}"),
-        _ => String::new(),
-    }
 }
 
 impl Endpoint {
@@ -335,14 +321,10 @@ impl Endpoint {
     /// A response whose CSeq method is INVITE or CANCEL, from `src`.
     pub(super) fn on_client_response(&mut self, m: &Message, code: u16, src: Peer, now: Instant) {
         let call_id = header(m, "Call-ID").trim().to_string();
-        let Some((cseq, method)) = cseq_of(m) else {
+        let Some((cseq, method)) = m.cseq() else {
             return;
         };
-        let branch = m
-            .header("Via")
-            .and_then(|v| message::parse_via(v).ok())
-            .map(|v| v.branch)
-            .unwrap_or_default();
+        let branch = m.top_branch().unwrap_or_default();
         let Some(mut o) = self.outgoing.remove(&call_id) else {
             // A 200 retransmitted after the call was made: ACK it again.
             if method == "INVITE" && (200..300).contains(&code) {
@@ -406,7 +388,7 @@ impl Endpoint {
                     (Phase::Cancelling { why, .. }, 487) => why.to_string(),
                     (_, 486 | 600) => "busy".to_string(),
                     (_, 603) => "declined".to_string(),
-                    _ => reason_of(m),
+                    _ => m.status_text(),
                 };
                 let ack = self.same_branch(&o, "ACK", &call_id, header(m, "To"));
                 self.send(src, ack.clone());
@@ -512,14 +494,8 @@ impl Endpoint {
         let started = sdp::accept_answer(&o.offer, &m.body, &c.codecs, c.dtmf, c.ptime_ms)
             .map_err(|e| ("no_codec", e.to_string()))
             .and_then(|(theirs, choice)| {
-                let spec = SessionSpec {
-                    codec: choice.codec,
-                    payload_type: choice.pt,
-                    ptime_ms: choice.ptime_ms,
-                    dtmf_payload_type: choice.dtmf_pt,
-                    remote: theirs.remote,
-                };
-                let media = MediaPath::new(&spec, cfg.rtp.jitter_min_ms, cfg.rtp.jitter_max_ms)
+                let spec = choice.spec(theirs.remote);
+                let media = MediaPath::configured(&spec, &cfg.rtp)
                     .map_err(|e| ("internal", format!("cannot set up the audio path: {e}")))?;
                 let reservation = o
                     .reservation
