@@ -28,19 +28,11 @@ mod common;
 mod sip_common;
 
 use common::Daemon;
-use sip_common::{field, inside_netns, need, sipp, sipp_with, ulaw_file};
+use sip_common::{field, inside_netns, need, sip_config, sipp, sipp_with, ulaw_file};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 const LOG_WAIT: Duration = Duration::from_secs(30);
-
-fn sip_config(extra_sip: &str, extra: &str) -> String {
-    let sep = if extra_sip.is_empty() { "" } else { ", " };
-    let sep2 = if extra.is_empty() { "" } else { ", " };
-    format!(
-        r#"{{"sip": {{"enabled": true, "address": "127.0.0.1:0"{sep}{extra_sip}}}, "rtp": {{"inactivity_timeout_ms": 5000}}{sep2}{extra}}}"#
-    )
-}
 
 fn start(extra_sip: &str, extra: &str, args: &[&str]) -> (Daemon, SocketAddr) {
     let d = Daemon::start(args, Some(&sip_config(extra_sip, extra)));
@@ -76,25 +68,10 @@ fn wait_lines(d: &Daemon, needles: &[&str], n: usize) -> Vec<String> {
 }
 
 /// The sum over cores of `/metrics` series `name` whose labels include
-/// every one of `labels` (`reason="busy"`), once the endpoints' counters
-/// show at least `min` (they are published every 20 ms).
+/// every one of `labels`, once the endpoints' counters (published every
+/// 20 ms) show at least `min`.
 fn sip_metric(d: &Daemon, name: &str, labels: &[&str], min: u64) -> u64 {
-    let deadline = Instant::now() + LOG_WAIT;
-    loop {
-        let (status, page) = d.http_get("/metrics");
-        assert_eq!(status, 200, "{page}");
-        let sum: u64 = page
-            .lines()
-            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-            .filter(|l| labels.iter().all(|want| l.contains(want)))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum();
-        if sum >= min || Instant::now() >= deadline {
-            return sum;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.metric_at_least(name, labels, min, LOG_WAIT)
 }
 
 #[test]

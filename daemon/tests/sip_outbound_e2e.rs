@@ -21,17 +21,13 @@ mod sip_common;
 
 use common::{json_request, Daemon};
 use serde_json::{json, Value};
-use sip_common::{field, inside_netns, need, ulaw_file, SippServer};
+use sip_common::{field, inside_netns, need, sip_config, ulaw_file, SippServer};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn start(extra_sip: &str) -> Daemon {
-    let sep = if extra_sip.is_empty() { "" } else { ", " };
-    let config = format!(
-        r#"{{"sip": {{"enabled": true, "address": "127.0.0.1:0"{sep}{extra_sip}}}, "rtp": {{"inactivity_timeout_ms": 5000}}}}"#
-    );
-    Daemon::start(&[], Some(&config))
+    Daemon::start(&[], Some(&sip_config(extra_sip, "")))
 }
 
 /// Places a call to `user` at `server`; returns its id.
@@ -61,47 +57,6 @@ fn wait_state(d: &Daemon, id: &str, state: &str) -> Value {
             "call {id} never reached `{state}`: {j}\nstderr:\n{}",
             d.stderr_tail()
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The first log line with every one of `needles`, waited for.
-fn log_line(d: &Daemon, needles: &[&str]) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(l) = d
-            .stderr()
-            .lines()
-            .find(|l| needles.iter().all(|n| l.contains(n)))
-        {
-            return l.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no log line with {needles:?}; stderr:\n{}",
-            d.stderr_tail()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The sum over cores of `/metrics` series `name` with `label`, once it
-/// is at least `min` (the endpoints publish every 20 ms) or the wait ends.
-fn metric(d: &Daemon, name: &str, label: &str, min: u64) -> u64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, page) = d.http_get("/metrics");
-        assert_eq!(status, 200, "{page}");
-        let sum = page
-            .lines()
-            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-            .filter(|l| l.contains(label))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum();
-        if sum >= min || Instant::now() >= deadline {
-            return sum;
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -141,24 +96,24 @@ fn a_placed_call_is_answered_with_rtp_both_ways() {
     println!("{ended}");
     assert_eq!(ended["reason"], "bye_from_peer", "{ended}");
     assert_eq!(ended["status_code"], 200, "{ended}");
-    let start = log_line(&d, &["sip call start", "direction=outbound"]);
+    let start = d.wait_for_log_line(&["sip call start", "direction=outbound"], WAIT);
     println!("{start}");
     assert!(
         start.contains("codec=PCMU pt=0 dtmf_pt=102 ptime_ms=20"),
         "{start}"
     );
-    let rtp = log_line(&d, &["rtp session end", "codec=PCMU"]);
+    let rtp = d.wait_for_log_line(&["rtp session end", "codec=PCMU"], WAIT);
     println!("{rtp}");
     // About 150 packets each way in 3 s; at least a second's worth.
     assert!(field(&rtp, "received") >= 50, "{rtp}");
     assert!(field(&rtp, "packets_sent") >= 50, "{rtp}");
     assert!(field(&rtp, "frames_to_engine") >= 10, "{rtp}");
     assert_eq!(
-        metric(
-            &d,
+        d.metric_at_least(
             "moshid_sip_outbound_calls_total",
-            "result=\"answered\"",
-            1
+            &["result=\"answered\""],
+            1,
+            WAIT
         ),
         1
     );
@@ -232,15 +187,15 @@ fn a_busy_callee_fails_the_call_and_gets_its_ack() {
     // moshid sent it.
     callee.wait().assert_ok("uas_busy");
     assert_eq!(
-        metric(
-            &d,
+        d.metric_at_least(
             "moshid_sip_outbound_calls_total",
-            "result=\"failed\"",
-            1
+            &["result=\"failed\""],
+            1,
+            WAIT
         ),
         1
     );
-    let line = log_line(&d, &["session end", "transport=sip"]);
+    let line = d.wait_for_log_line(&["session end", "transport=sip"], WAIT);
     assert!(line.contains("refused"), "{line}");
 }
 
@@ -342,6 +297,13 @@ fn a_registration_answers_the_challenge_and_refreshes() {
     // It granted 600 s to a binding asked for 120: moshid keeps the
     // shorter (it refreshes before either runs out).
     assert_eq!(reg["expires_s"], 120, "{reg}");
-    log_line(&d, &["sip registered", "aor=sip:600@pbx.test"]);
-    assert!(metric(&d, "moshid_sip_registrations_total", "result=\"ok\"", 2) >= 2);
+    d.wait_for_log_line(&["sip registered", "aor=sip:600@pbx.test"], WAIT);
+    assert!(
+        d.metric_at_least(
+            "moshid_sip_registrations_total",
+            &["result=\"ok\""],
+            2,
+            WAIT
+        ) >= 2
+    );
 }

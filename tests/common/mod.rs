@@ -123,20 +123,31 @@ pub fn tls_client(root: &rustls::pki_types::CertificateDer<'static>) -> Arc<rust
     Arc::new(config)
 }
 
-/// A request with a JSON body (or none) to the control API at `addr`:
-/// `(status, JSON body, or Null when the body is not JSON)`.
-pub fn json_request(
+/// One HTTP/1.1 request (`Connection: close`) with an optional body:
+/// `(status, body)`.
+pub fn http_request(
     addr: SocketAddr,
     method: &str,
     path: &str,
-    body: Option<&Value>,
-) -> (u16, Value) {
+    body: Option<&str>,
+) -> (u16, String) {
+    http_request_with(addr, method, path, body, "")
+}
+
+/// [`http_request`] with `extra` header lines (each ending in `\r\n`).
+pub fn http_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    extra: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("HTTP connect");
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let body = body.unwrap_or("");
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("HTTP request");
@@ -151,7 +162,20 @@ pub fn json_request(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    (status, body.to_string())
+}
+
+/// A request with a JSON body (or none) to the control API at `addr`:
+/// `(status, JSON body, or Null when the body is not JSON)`.
+pub fn json_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let body = body.map(|b| b.to_string());
+    let (status, text) = http_request(addr, method, path, body.as_deref());
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
 /// Opens a TCP connection to `addr` with the helpers' timeouts and, with
@@ -481,6 +505,28 @@ impl Daemon {
                 "no log line with {needles:?} within {timeout:?}; stderr:\n{}",
                 self.stderr_tail()
             );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The sum of the `/metrics` series `name` whose labels include every
+    /// one of `labels` (`reason="busy"`), once it is at least `min` or
+    /// `timeout` has passed (counters copied on a timer lag a little).
+    pub fn metric_at_least(&self, name: &str, labels: &[&str], min: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (status, page) = self.http_get("/metrics");
+            assert_eq!(status, 200, "{page}");
+            let sum: u64 = page
+                .lines()
+                .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+                .filter(|l| labels.iter().all(|want| l.contains(want)))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .sum();
+            if sum >= min || Instant::now() >= deadline {
+                return sum;
+            }
             thread::sleep(Duration::from_millis(20));
         }
     }

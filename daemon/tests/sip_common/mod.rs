@@ -90,6 +90,17 @@ pub fn inside_netns(name: &str) -> bool {
     false
 }
 
+/// The SIP tests' daemon configuration: SIP on an ephemeral loopback port
+/// (plus `extra_sip` keys), RTP given up after 5 s without packets, plus
+/// `extra` top-level keys.
+pub fn sip_config(extra_sip: &str, extra: &str) -> String {
+    let sep = if extra_sip.is_empty() { "" } else { ", " };
+    let sep2 = if extra.is_empty() { "" } else { ", " };
+    format!(
+        r#"{{"sip": {{"enabled": true, "address": "127.0.0.1:0"{sep}{extra_sip}}}, "rtp": {{"inactivity_timeout_ms": 5000}}{sep2}{extra}}}"#
+    )
+}
+
 /// A free UDP port on loopback (for a peer's SIP socket).
 pub fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
@@ -158,6 +169,30 @@ pub fn sipp(
     sipp_with(dir, target, name, subs, calls, rate, &[])
 }
 
+/// Writes scenario `name` (`tests/data/sip/NAME.xml`, with `subs`
+/// replaced) into a run folder of its own under `dir` (named with `tag`):
+/// `(folder, scenario file, error log path)`.
+fn prepare(
+    dir: &Path,
+    name: &str,
+    subs: &[(&str, String)],
+    tag: u16,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/sip")
+        .join(format!("{name}.xml"));
+    let mut xml = std::fs::read_to_string(&template).expect("reading the scenario");
+    for (k, v) in subs {
+        xml = xml.replace(k, v);
+    }
+    let run_dir = dir.join(format!("sipp-{name}-{tag}"));
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let scenario = run_dir.join(format!("{name}.xml"));
+    std::fs::write(&scenario, xml).unwrap();
+    let errors = run_dir.join("errors.log");
+    (run_dir, scenario, errors)
+}
+
 /// [`sipp`] with further command-line options (`-auth_uri …`).
 pub fn sipp_with(
     dir: &Path,
@@ -168,18 +203,7 @@ pub fn sipp_with(
     rate: u32,
     extra: &[&str],
 ) -> SippRun {
-    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/sip")
-        .join(format!("{name}.xml"));
-    let mut xml = std::fs::read_to_string(&template).expect("reading the scenario");
-    for (k, v) in subs {
-        xml = xml.replace(k, v);
-    }
-    let run_dir = dir.join(format!("sipp-{name}-{}", free_udp_port()));
-    std::fs::create_dir_all(&run_dir).unwrap();
-    let scenario = run_dir.join(format!("{name}.xml"));
-    std::fs::write(&scenario, xml).unwrap();
-    let errors = run_dir.join("errors.log");
+    let (run_dir, scenario, errors) = prepare(dir, name, subs, free_udp_port());
     let output = Command::new("sipp")
         .current_dir(&run_dir)
         .arg("-sf")
@@ -226,19 +250,8 @@ impl SippServer {
         calls: u32,
         timeout_s: u32,
     ) -> SippServer {
-        let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/sip")
-            .join(format!("{name}.xml"));
-        let mut xml = std::fs::read_to_string(&template).expect("reading the scenario");
-        for (k, v) in subs {
-            xml = xml.replace(k, v);
-        }
         let port = free_udp_port();
-        let run_dir = dir.join(format!("sipp-{name}-{port}"));
-        std::fs::create_dir_all(&run_dir).unwrap();
-        let scenario = run_dir.join(format!("{name}.xml"));
-        std::fs::write(&scenario, xml).unwrap();
-        let errors = run_dir.join("errors.log");
+        let (run_dir, scenario, errors) = prepare(dir, name, subs, port);
         let child = Command::new("sipp")
             .current_dir(&run_dir)
             .arg("-sf")

@@ -10,12 +10,11 @@
 #[path = "../../../tests/common/mod.rs"]
 pub mod common;
 
-use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Bound on any socket read or write.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+pub use common::IO_TIMEOUT;
 
 /// One daemon at a time: the machine may have two CPUs.
 pub static SERIAL: Mutex<()> = Mutex::new(());
@@ -57,45 +56,6 @@ pub fn print_gaps(what: &str, arrivals: &[Instant]) {
     );
 }
 
-/// One HTTP/1.1 request (`Connection: close`) with an optional body:
-/// `(status, body)`.
-pub fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> (u16, String) {
-    http_request_with(addr, method, path, body, "")
-}
-
-/// [`http_request`] with `extra` header lines (each ending in `\r\n`).
-pub fn http_request_with(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    extra: &str,
-) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("HTTP connect");
-    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("HTTP request");
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {path}: no response head in {text:?}"));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, body.to_string())
-}
+/// Plain HTTP requests to the daemon: the end-to-end suites' own.
+#[allow(unused_imports)] // each test binary uses a subset
+pub use common::{http_request, http_request_with};
