@@ -3,7 +3,9 @@
 //! the device's SASS, loaded — the cubin first, the PTX when the cubin does
 //! not load (a failure of both names both causes) — and resolved into a
 //! table indexed by [`KernelId`], with each kernel's parameter sizes read
-//! from its PTX; a launch is checked against them.
+//! from its PTX; a launch is checked against them. Every function is loaded
+//! at `open` (`cuFuncLoad`), not at its first launch, so that a first
+//! launch inside a stream capture does not fail the capture.
 //!
 //! Invariants: a launch reaches `cuLaunchKernel` only with a known kernel,
 //! arguments matching its PTX declaration in number and size (where it was
@@ -15,7 +17,12 @@ use super::calls::{call, guarded, CallError};
 use super::{CudaDevice, CudaOpenOptions};
 use crate::compile::{self, CompileConfig};
 use crate::device::{Arg, DeviceError, DeviceResult, KernelId};
-use cudarc::driver::CudaFunction;
+use cudarc::driver::{sys, CudaFunction};
+
+/// The first driver with `cuFuncLoad` (CUDA 12.4). On 12.2 and 12.3, where
+/// lazy loading is already the default, set `CUDA_MODULE_LOADING=EAGER`
+/// for graphs to capture a kernel's first launch.
+const FUNC_LOAD_DRIVER: i32 = 12040;
 
 /// One resolved kernel.
 pub(super) struct Kernel {
@@ -103,6 +110,17 @@ impl CudaDevice {
             };
             for &name in c.module.kernels {
                 let func = call("cuModuleGetFunction", || module.load_function(name))?;
+                if self.driver_version >= FUNC_LOAD_DRIVER {
+                    // Lazy loading (CUDA_MODULE_LOADING=LAZY, the default
+                    // since 12.2) would load the function at its first
+                    // launch, and a first launch inside a stream capture
+                    // fails the capture (thread-local mode: loading is an
+                    // unsafe call). Load it now.
+                    // SAFETY: a function of a module this device holds.
+                    call("cuFuncLoad", || unsafe {
+                        sys::cuFuncLoad(func.cu_function()).result()
+                    })?;
+                }
                 self.kernels.push(Kernel {
                     name,
                     func,
