@@ -138,7 +138,7 @@ impl StreamWriter {
     pub fn message(&mut self, audio: &EncodedAudio, frame: usize) -> Result<&[u8]> {
         let frame = frame % audio.frames();
         let out = &mut self.scratch;
-        out[0] = 0x01;
+        out[0] = moshid_testkit::chat::kind::AUDIO;
         let mut n = 1;
         if self.pages.pages_written() == 0 {
             n += self.pages.write_page(&mut out[n..], &audio.head, 0, 0)?;
@@ -255,7 +255,7 @@ mod tests {
         let mut samples = 0;
         for frame in [0, 1, 3, 4, 5] {
             let message = writer.message(&audio, frame).unwrap();
-            assert_eq!(message[0], 0x01);
+            assert_eq!(message[0], moshid_testkit::chat::kind::AUDIO);
             decoder.push_bytes(&message[1..]).unwrap();
             while let Some(out) = decoder.next_pcm().unwrap() {
                 samples += out.len();

@@ -14,12 +14,14 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use moshid::client::decode_audio;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
+use moshid_testkit::chat::kind;
 use tungstenite::{Bytes, Message};
 
 use crate::audio::{EncodedAudio, StreamWriter};
 use crate::stats::FrameMatcher;
-use crate::stream::{connect, wait_readable, would_block, Connected};
+use crate::stream::{connect, flush_then_wait, wait_readable, would_block, Connected};
 
 /// Audio frame period.
 const FRAME: Duration = Duration::from_millis(80);
@@ -165,7 +167,8 @@ fn session(
                 break;
             }
             if plan.ending == Ending::EndOfInput && !end_sent {
-                match ws.send(Message::Binary(Bytes::from_static(&[0x03, 0x01]))) {
+                let end_of_input = [kind::CONTROL, kind::END_OF_INPUT];
+                match ws.send(Message::Binary(Bytes::copy_from_slice(&end_of_input))) {
                     Ok(()) => {}
                     Err(e) if would_block(&e) => unflushed = true,
                     Err(e) => return Err(anyhow!("sending end of input: {e}")),
@@ -189,18 +192,7 @@ fn session(
             }
             until
         };
-        if unflushed {
-            match ws.flush() {
-                Ok(()) => unflushed = false,
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("flushing: {e}")),
-            }
-        }
-        let mut wait = wake.saturating_duration_since(now);
-        if unflushed {
-            wait = wait.min(Duration::from_millis(1));
-        }
-        if !wait_readable(fd, wait)? {
+        if !flush_then_wait(&mut ws, fd, &mut unflushed, wake, now)? {
             continue;
         }
         loop {
@@ -208,12 +200,8 @@ fn session(
                 Ok(Message::Binary(data)) => {
                     let arrival = ms(Instant::now());
                     match data.first() {
-                        Some(0x01) => {
-                            let mut samples = 0;
-                            decoder.push_bytes(&data[1..])?;
-                            while let Some(pcm) = decoder.next_pcm()? {
-                                samples += pcm.len();
-                            }
+                        Some(&kind::AUDIO) => {
+                            let samples = decode_audio(&mut decoder, &data[1..])?.len();
                             let before = matcher.latencies().len();
                             matcher.audio(samples, arrival);
                             for k in before..matcher.latencies().len() {
@@ -228,14 +216,14 @@ fn session(
                                 }
                             }
                         }
-                        Some(0x04) => {
+                        Some(&kind::METADATA) => {
                             let v: serde_json::Value =
                                 serde_json::from_slice(&data[1..]).unwrap_or_default();
                             out.end_reason = v["session"]["end_reason"]["kind"]
                                 .as_str()
                                 .map(String::from);
                         }
-                        Some(0x05) => {
+                        Some(&kind::ERROR) => {
                             return Err(anyhow!(
                                 "server error: {}",
                                 String::from_utf8_lossy(&data[1..])

@@ -45,6 +45,7 @@ use crate::events::SessionState;
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
+use crate::log_record::{LogLine, Record};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
@@ -627,22 +628,21 @@ impl Stream {
         self.rec.log();
         let out = self.output.stats();
         let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
-        eprintln!(
-            "<6>media stream end id={} stream_sid={} media_in={} other_tracks={} media_out={} dropped_out={} skipped_out={} marks={} clears={} cleared_packets={} dtmf={} digits={:?} reason={}",
-            self.rec.id,
-            self.sid,
-            self.stats.media_in,
-            self.stats.other_tracks,
-            self.stats.media_out,
-            out.dropped,
-            self.pacer.skipped(),
-            self.stats.marks,
-            self.stats.clears,
-            self.stats.cleared_packets,
-            self.stats.dtmf,
-            String::from_utf8_lossy(digits),
-            reason.label(),
-        );
+        LogLine::new(Record::MediaStreamEnd)
+            .field("id", self.rec.id)
+            .field("stream_sid", &self.sid)
+            .field("media_in", self.stats.media_in)
+            .field("other_tracks", self.stats.other_tracks)
+            .field("media_out", self.stats.media_out)
+            .field("dropped_out", out.dropped)
+            .field("skipped_out", self.pacer.skipped())
+            .field("marks", self.stats.marks)
+            .field("clears", self.stats.clears)
+            .field("cleared_packets", self.stats.cleared_packets)
+            .field("dtmf", self.stats.dtmf)
+            .quoted("digits", String::from_utf8_lossy(digits))
+            .field("reason", reason.label())
+            .emit();
         self.rec
     }
 }
@@ -669,12 +669,12 @@ async fn finish_early(
         let _ = ws.close(None).await;
     }
     rec.log();
-    eprintln!(
-        "<6>media stream end id={} stream_sid={} media_in=0 reason={}",
-        rec.id,
-        sid.unwrap_or("-"),
-        reason.label()
-    );
+    LogLine::new(Record::MediaStreamEnd)
+        .field("id", rec.id)
+        .field("stream_sid", sid.unwrap_or("-"))
+        .field("media_in", 0)
+        .field("reason", reason.label())
+        .emit();
     rec
 }
 

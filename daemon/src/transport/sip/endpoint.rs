@@ -48,6 +48,7 @@ use super::sdp::{self, Negotiation};
 use super::transaction::{self, Backoff, Table, Timers};
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
+use crate::log_record::{LogLine, Record};
 use crate::session::params::session_params;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
@@ -192,10 +193,13 @@ impl Endpoint {
 
     fn log_refusal(&self, src: Peer, why: &str) {
         if self.log_gate.due(Instant::now()) {
-            eprintln!(
-                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {}, challenged: {})",
-                self.counters.malformed, self.counters.not_sip, self.counters.challenged
-            );
+            LogLine::new(Record::SipRequestRefused)
+                .field("from", src)
+                .quoted("reason", why)
+                .field("malformed", self.counters.malformed)
+                .field("not_sip", self.counters.not_sip)
+                .field("challenged", self.counters.challenged)
+                .emit();
         }
     }
 
@@ -641,19 +645,18 @@ impl Endpoint {
         if let Some(tx) = self.txs.get_mut(key) {
             tx.call = Some(ck.clone());
         }
-        eprintln!(
-            "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller={}",
-            call.call_id,
-            call.session.id,
-            src,
-            call.choice.codec.name(),
-            call.choice.pt,
-            call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
-            call.choice.ptime_ms,
-            media,
-            call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
-            caller.as_deref().unwrap_or("-")
-        );
+        LogLine::new(Record::SipCallStart)
+            .field("call_id", &call.call_id)
+            .field("session", &call.session.id)
+            .field("from", src)
+            .field("codec", call.choice.codec.name())
+            .field("pt", call.choice.pt)
+            .opt("dtmf_pt", call.choice.dtmf_pt)
+            .field("ptime_ms", call.choice.ptime_ms)
+            .field("rtp", media)
+            .opt("remote_rtp", call.offer.remote)
+            .field("caller", caller.as_deref().unwrap_or("-"))
+            .emit();
         let contact = call.contact();
         self.calls.insert(ck.clone(), call);
         self.respond(&req, key, src, 180, Some(&local_tag), &[contact], None, now);
@@ -828,15 +831,14 @@ impl Endpoint {
         offer.remote = remote;
         call.choice = choice;
         call.answer = sdp::write_answer(&offer, &choice, call.media, call.sdp_id, call.sdp_version);
-        eprintln!(
-            "<6>sip call reinvite call_id={} session={} direction={} codec={} pt={} remote_rtp={}",
-            call.call_id,
-            call.session.id,
-            offer.direction.answer(),
-            choice.codec.name(),
-            choice.pt,
-            offer.remote.map_or("-".to_string(), |r| r.to_string())
-        );
+        LogLine::new(Record::SipCallReinvite)
+            .field("call_id", &call.call_id)
+            .field("session", &call.session.id)
+            .field("direction", offer.direction.answer())
+            .field("codec", choice.codec.name())
+            .field("pt", choice.pt)
+            .opt("remote_rtp", offer.remote)
+            .emit();
         call.offer = offer;
         let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());
         let extra = [call.contact(), format!("Allow: {ALLOW}")];
@@ -892,12 +894,15 @@ impl Endpoint {
                 let keep = cfg(&self.app).outbound.keep_ended;
                 self.app.shared.sip.calls.retire(&status.id, keep);
             }
-            eprintln!(
-                "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",
-                call.call_id,
-                call.session.id,
-                call.started.elapsed().as_secs_f64()
-            );
+            LogLine::new(Record::SipCallEnd)
+                .field("call_id", &call.call_id)
+                .field("session", &call.session.id)
+                .field("reason", why)
+                .field(
+                    "seconds",
+                    format_args!("{:.1}", call.started.elapsed().as_secs_f64()),
+                )
+                .emit();
         }
     }
 
