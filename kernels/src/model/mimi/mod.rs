@@ -319,6 +319,7 @@ impl GpuMimi {
         };
         let rvq_bufs = RvqBufs {
             xq: scratch(m.quantizer.need(n))?,
+            part: scratch(m.quantizer.part_bytes(n).div_ceil(4))?,
         };
         let state_per_slot = m.encoder.state_bytes()
             + m.decoder.state_bytes()
