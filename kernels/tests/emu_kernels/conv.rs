@@ -276,7 +276,6 @@ fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
         },
     ];
     for c in cases {
-        let plan = shape(&c).plan(c.t_in);
         eprintln!(
             "{c:?}: splits {} gemm {}",
             plan.splits,

@@ -232,6 +232,7 @@ fn emulator_speed() {
         Arg::Ptr(prev),
         Arg::Ptr(w),
         Arg::Ptr(NULL),
+        Arg::Ptr(NULL),
         Arg::Ptr(steps),
         Arg::I32(c_in as i32),
         Arg::I32(c_out as i32),
@@ -240,6 +241,7 @@ fn emulator_speed() {
         Arg::I32(1),
         Arg::I32(t_in as i32),
         Arg::I32(history as i32),
+        Arg::I32(0),
         Arg::Ptr(y),
     ];
     let f = k(&dev, "conv1d_stream");
