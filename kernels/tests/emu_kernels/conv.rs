@@ -63,9 +63,9 @@ fn slot_of(j: usize, n: usize) -> usize {
 }
 
 /// Four calls of `n` slot-steps; step 1 is masked in call 2 (its slot's
-/// state must not move); the slot of step 0 is replicate-padded. Returns the
-/// worst relative error against the naive streaming conv.
-fn conv1d_case(c: Case) -> f32 {
+/// state must not move); the slot of step 0 is replicate-padded. Checked
+/// against the naive streaming conv.
+fn conv1d_case(c: Case) {
     let s = shape(&c);
     let (history, t_out) = (s.history(), s.t_out(c.t_in));
     let mut dev = device();
@@ -152,7 +152,6 @@ fn conv1d_case(c: Case) -> f32 {
         vec![0; max_slots],
         "first flags cleared"
     );
-    let mut worst = 0.0f32;
     let p = down::<f32>(&mut *dev, prev, max_slots * history * c.c_in);
     for j in 0..c.n {
         let st = &streams[j];
@@ -178,7 +177,6 @@ fn conv1d_case(c: Case) -> f32 {
                     err < 2e-5,
                     "{c:?}: step {j} output {t} channel {o}: {g} vs {want}"
                 );
-                worst = worst.max(err);
             }
         }
         // The state is the last `history` raw input steps.
@@ -189,7 +187,6 @@ fn conv1d_case(c: Case) -> f32 {
             "{c:?}: state of slot {slot}"
         );
     }
-    worst
 }
 
 #[test]
@@ -276,17 +273,13 @@ fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
         },
     ];
     for c in cases {
-        eprintln!(
-            "{c:?}: splits {} gemm {}",
-            plan.splits,
-            c.c_out >= GEMM_MIN_COUT
-        );
         conv1d_case(c);
     }
     // The cases cover both paths and split reductions.
     assert!(cases
         .iter()
         .any(|c| shape(c).plan(c.t_in).splits > 2 && c.c_out >= GEMM_MIN_COUT));
+    assert!(cases.iter().any(|c| c.c_out < GEMM_MIN_COUT));
 }
 
 #[test]
