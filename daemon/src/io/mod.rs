@@ -6,7 +6,6 @@ pub mod app;
 pub mod conn;
 pub mod core;
 pub mod fd_limit;
-pub mod listener;
 pub mod log_gate;
 pub mod mailbox;
 pub mod pending;

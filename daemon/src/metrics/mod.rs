@@ -32,7 +32,6 @@
 //!   sample even if the switch is on when it is stepped.
 
 pub mod connections;
-pub mod export;
 pub mod heap;
 pub mod histogram;
 pub mod sip;
@@ -50,7 +49,7 @@ pub struct Registry {
     threads: Mutex<Vec<Arc<StageCounters>>>,
     /// Always-on connection counters of every core (see [`connections`]).
     connections: Mutex<ConnectionCounters>,
-    exporter: OnceLock<export::Exporter>,
+    exporter: OnceLock<crate::api::metrics::Exporter>,
 }
 
 /// Every core's listener and pending-budget counters.
@@ -151,8 +150,9 @@ impl Registry {
     }
 
     /// This registry's Prometheus exporter (made on first use).
-    pub fn exporter(&self) -> &export::Exporter {
-        self.exporter.get_or_init(export::Exporter::new)
+    pub fn exporter(&self) -> &crate::api::metrics::Exporter {
+        self.exporter
+            .get_or_init(crate::api::metrics::Exporter::new)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<StageCounters>>> {

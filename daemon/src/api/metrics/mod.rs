@@ -1,7 +1,7 @@
 //! `GET /metrics`: every thread's stage counters and the always-on gauges,
 //! as Prometheus text.
 //!
-//! A scrape reads every published [`StageCounters`](super::StageCounters)
+//! A scrape reads every published [`StageCounters`](crate::metrics::StageCounters)
 //! (relaxed loads), folds them and hands the scalar values to the `metrics`
 //! facade — recorded into this registry's `PrometheusRecorder` (built with
 //! `PrometheusBuilder::build_recorder`, no HTTP listener) as absolute
@@ -26,17 +26,19 @@
 //!   from `EngineShared` and the admission table at scrape time),
 //!   `moshid_session_table_entries{table}` (every per-session table's size)
 //!   the connection series `moshid_connections_*` (see
-//!   [`super::connections`]) and `moshid_heap_bytes{kind}` (see
-//!   [`super::heap`]).
+//!   [`crate::metrics::connections`]) and `moshid_heap_bytes{kind}` (see
+//!   [`crate::metrics::heap`]).
 //!
 //! Invariants: nothing here runs on the hot path; scrapes are serialised
 //! (one mutex) so that absolute values never go backwards between two
 //! concurrent scrapes; counters are monotone because the threads' counters
 //! are.
 
-use super::histogram::HistogramSnapshot;
-use super::stages::{Owner, Stage, ThreadSnapshot, MODEL_STEP_LABEL};
+pub mod events;
+
 use crate::engine::EngineShared;
+use crate::metrics::histogram::HistogramSnapshot;
+use crate::metrics::stages::{Owner, Stage, ThreadSnapshot, MODEL_STEP_LABEL};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,7 +61,7 @@ pub struct Exporter {
 
 impl Exporter {
     /// A recorder (no listener) with every series described.
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
         let handle = recorder.handle();
         ::metrics::with_local_recorder(&*recorder, describe);
@@ -84,9 +86,9 @@ impl Exporter {
 
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge};
-    super::connections::describe();
-    super::sip::describe();
-    super::heap::describe();
+    crate::metrics::connections::describe();
+    crate::metrics::sip::describe();
+    crate::metrics::heap::describe();
     describe_gauge!(
         "moshid_session_table_entries",
         "Entries of each per-session table (all 0 when no session is open: leak checks)"
@@ -248,11 +250,11 @@ pub fn render(shared: &EngineShared) -> String {
         for (table, entries) in shared.session_tables() {
             gauge!("moshid_session_table_entries", "table" => table).set(entries as f64);
         }
-        super::heap::record();
+        crate::metrics::heap::record();
         {
             let conns = registry.connections();
-            super::connections::record(&conns.listeners, &conns.pending);
-            super::sip::record(&conns.sip);
+            crate::metrics::connections::record(&conns.listeners, &conns.pending);
+            crate::metrics::sip::record(&conns.sip);
         }
 
         let per_thread = snaps.iter().map(|s| {

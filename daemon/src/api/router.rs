@@ -15,7 +15,7 @@
 //! `listen.tls_handshake_timeout_ms`, run in the connection's task, not in
 //! the accept loop), then the head and body (a Media Streams WebSocket
 //! until its `start` event) — a connection is pending in the core's
-//! [`PendingBudget`](super::pending::PendingBudget): it may be closed to
+//! [`PendingBudget`](crate::io::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
 //! `listen.head_timeout_ms`; after that it is never evicted. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
@@ -27,12 +27,12 @@
 //! accept errors are counted in [`ListenerCounters`] (exported by
 //! `/metrics`) and logged at most once per [`CONNECTION_LOG_PERIOD`].
 
-use super::accept_pace::AcceptPace;
-use super::app::CoreApp;
-use super::conn::Conn;
-use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
-use super::pending::{Pending, PendingEnd};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
+use crate::io::accept_pace::AcceptPace;
+use crate::io::app::CoreApp;
+use crate::io::conn::Conn;
+use crate::io::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
+use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::connections::{bump, set, ListenerCounters};
 use crate::transport::ws_chat;
 use glommio::net::TcpListener;
@@ -358,7 +358,7 @@ fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
 }
 
 fn is_public(head: &RequestHead) -> bool {
-    matches!(head.path.as_str(), "/health" | "/ready") || crate::web::is_public(&head.path)
+    matches!(head.path.as_str(), "/health" | "/ready") || super::page::is_public(&head.path)
 }
 
 /// The whole request: its head and, when it has one and will be answered
@@ -530,12 +530,12 @@ async fn route(
             Ok(Route::Done)
         }
         ("GET", "/metrics") => {
-            let mut text = crate::metrics::export::render(engine);
-            crate::events::metrics::append(&mut text, &app.shared.events);
+            let mut text = super::metrics::render(engine);
+            super::metrics::events::append(&mut text, &app.shared.events);
             http::write_response(
                 stream,
                 200,
-                crate::metrics::export::CONTENT_TYPE,
+                super::metrics::CONTENT_TYPE,
                 text.as_bytes(),
                 &[],
             )
@@ -585,20 +585,20 @@ async fn route(
             .await?;
             Ok(Route::Done)
         }
-        (_, path) if crate::events::sse::owns(path) => {
-            crate::events::sse::handle(stream, app, head).await?;
+        (_, path) if super::events::owns(path) => {
+            super::events::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
-        (_, path) if crate::transport::rtp::control::owns(path) => {
-            crate::transport::rtp::control::handle(stream, app, head, buf, limits).await?;
+        (_, path) if super::rtp::owns(path) => {
+            super::rtp::handle(stream, app, head, buf, limits).await?;
             Ok(Route::Done)
         }
-        (_, path) if crate::transport::sip::control::owns(path) => {
-            crate::transport::sip::control::handle(stream, app, head, buf, limits).await?;
+        (_, path) if super::sip::owns(path) => {
+            super::sip::handle(stream, app, head, buf, limits).await?;
             Ok(Route::Done)
         }
-        (_, path) if crate::web::owns(path) => {
-            crate::web::handle(stream, app, head).await?;
+        (_, path) if super::page::owns(path) => {
+            super::page::handle(stream, app, head).await?;
             Ok(Route::Done)
         }
         (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {
