@@ -458,7 +458,7 @@ fn spawn_core(
             // take that cost now, not in a session.
             glommio::timer::sleep(Duration::from_millis(1)).await;
             let backlog = shared.config.listen.backlog;
-            let listener = match crate::api::router::bind(addr, backlog) {
+            let listener = match crate::io::accept::bind(addr, backlog) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = bound.send(Err(format!(
@@ -471,7 +471,7 @@ fn spawn_core(
             // AudioSocket: one more SO_REUSEPORT listener per core.
             let audiosocket = match audiosocket_addr {
                 None => None,
-                Some(a) => match crate::api::router::bind(a, backlog) {
+                Some(a) => match crate::io::accept::bind(a, backlog) {
                     Ok(l) => Some(l),
                     Err(e) => {
                         let _ = bound.send(Err(format!(
@@ -508,7 +508,7 @@ fn spawn_core(
             // (port 0 resolved by the UDP bind).
             let sip_tcp = match sip_local {
                 Some(a) if shared.config.sip.max_tcp_connections > 0 => {
-                    match crate::api::router::bind(a, backlog) {
+                    match crate::io::accept::bind(a, backlog) {
                         Ok(l) => Some(l),
                         Err(e) => {
                             let _ = bound.send(Err(format!(

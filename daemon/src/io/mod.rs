@@ -1,6 +1,7 @@
 //! The I/O cores' side of the data path: per-core context, session
 //! mailboxes, and the loop that routes the engine's records.
 
+pub mod accept;
 pub mod accept_pace;
 pub mod app;
 pub mod conn;

@@ -33,7 +33,7 @@ pub mod line;
 pub mod protocol;
 pub mod session;
 
-use crate::api::router::ConnTable;
+use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
 use glommio::net::TcpListener;

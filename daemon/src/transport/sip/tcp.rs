@@ -30,7 +30,7 @@
 use super::framing::{Frame, FrameError, Framer, PONG};
 use super::peer::Peer;
 use super::serve::Wire;
-use crate::api::router::ConnTable;
+use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
 use crate::io::pending::{Pending, PendingEnd};
