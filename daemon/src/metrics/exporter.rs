@@ -23,7 +23,7 @@ pub struct Exporter {
 
 impl Exporter {
     /// A recorder (no listener) with every series described.
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
         let handle = recorder.handle();
         ::metrics::with_local_recorder(&*recorder, describe);
