@@ -57,7 +57,7 @@ impl CpuModel {
         let mut mw = Weights::open(&dir.mimi_weights)?;
         let mimi = Mimi::load(&dir.mimi, &mut mw, nq)?;
         mw.finish()?;
-        let mut lw = Weights::open(&dir.lm_weights)?;
+        let mut lw = dir.open_lm_weights()?;
         let lm = Lm::load(&dir.lm, &mut lw)?;
         lw.finish()?;
         Ok(Self::try_from_parts(mimi, lm, max_slots)?)

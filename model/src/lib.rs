@@ -13,6 +13,7 @@ pub mod demo;
 pub mod footprint;
 pub mod header_only;
 pub mod lm;
+pub mod lora;
 pub mod mimi;
 pub mod ops;
 pub mod probe;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 /// Fixture folders outside `../shared/golden` that every golden target runs
 /// too: `../shared/golden-next` holds fixtures of features an issue adds,
 /// and these are the ones this code implements.
-pub const GOLDEN_NEXT: &[&str] = &["hibiki-zero-tiny"];
+pub const GOLDEN_NEXT: &[&str] = &["hibiki-zero-tiny", "moshi-lora-tiny"];
 
 /// Every folder of `../shared/golden` holding `marker`, the [`GOLDEN_NEXT`]
 /// folders of `../shared/golden-next`, and the folders named in

@@ -101,7 +101,7 @@ impl<D: Device> GpuModel<D> {
         let mut mw = Weights::open(&dir.mimi_weights)?;
         let mimi = GpuMimi::load(&mut dev, &dir.mimi, &mut mw, nq, ms, ms)?;
         mw.finish()?;
-        let mut lw = Weights::open(&dir.lm_weights)?;
+        let mut lw = dir.open_lm_weights()?;
         let conditioning = Conditioning::load(&dir.lm, &mut lw)?;
         let lm = {
             let mut loader = WeightLoader::checkpoint(&mut lw);
