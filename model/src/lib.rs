@@ -9,6 +9,8 @@ pub mod alloc;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
+mod cpu_prompt;
+pub use cpu_prompt::check_replay;
 pub mod demo;
 pub mod footprint;
 pub mod header_only;

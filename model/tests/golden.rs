@@ -16,3 +16,5 @@ mod fixtures;
 mod lm;
 #[path = "golden/mimi.rs"]
 mod mimi;
+#[path = "golden/persona.rs"]
+mod persona;

@@ -337,9 +337,11 @@ fn unpickle(p: &[u8]) -> Result<Val, PtError> {
                 }
             }
             b'.' => return pop(&mut stack, at),
-            other => return err(format!(
+            other => {
+                return err(format!(
                 "pickle: opcode 0x{other:02x} at byte {at} is not one torch.save emits for tensors"
-            )),
+            ))
+            }
         }
     }
 }
