@@ -18,3 +18,5 @@ mod lm;
 mod mimi;
 #[path = "golden/persona.rs"]
 mod persona;
+#[path = "golden/text_rules.rs"]
+mod text_rules;

@@ -29,6 +29,7 @@
 use super::conditioner::cfg_mix;
 use super::linear::linear;
 use super::sampling::{slot_rng, Sampler, SlotRng};
+use super::text_rules::{self, SkippedIds, TextHistory, TextRules};
 use super::transformer::{AttnRow, StackScratch};
 use super::{GenParams, Lm, LmStepOutput, ParamError};
 use crate::alloc::{self, AllocError};
@@ -50,6 +51,8 @@ struct Slot {
     text: Sampler,
     audio: Sampler,
     rng: SlotRng,
+    rules: TextRules,
+    history: TextHistory,
 }
 
 struct Scratch {
@@ -79,6 +82,8 @@ struct Scratch {
     /// Sampled audio tokens `[active, dep_q]`.
     audio: Vec<u32>,
     cand: Vec<(f64, u32)>,
+    /// The repetition penalty's scratch (`text_card`, all false).
+    seen: Vec<bool>,
     stack: StackScratch,
     cond_tmp: Vec<f32>,
     /// The unused guidance vector of a model without guidance rows.
@@ -214,6 +219,8 @@ impl Lm {
                 text: Sampler::GREEDY,
                 audio: Sampler::GREEDY,
                 rng: slot_rng(0),
+                rules: TextRules::default(),
+                history: TextHistory::default(),
             })
             .collect();
         let sc = Scratch {
@@ -234,6 +241,7 @@ impl Lm {
             text: vec![0; max_slots],
             audio: vec![0; max_slots * cfg.dep_q],
             cand: vec![(0.0, 0); cfg.card.max(cfg.text_card)],
+            seen: vec![false; cfg.text_card],
             stack: StackScratch::new(
                 rows,
                 &[self.temporal.shape(), self.depformer.stack().shape()],
@@ -313,6 +321,8 @@ impl Lm {
         s.text = setup.text;
         s.audio = setup.audio;
         s.rng = slot_rng(setup.seed);
+        s.rules = setup.rules;
+        s.history.clear();
         Ok(())
     }
 
@@ -449,6 +459,10 @@ impl Lm {
                 ),
                 None => dst.copy_from_slice(cond),
             }
+            if !slot.rules.is_off() {
+                let pad = cfg.existing_text_padding_id;
+                text_rules::apply(dst, &slot.rules, &slot.history, pad, &mut sc.seen);
+            }
             let mut tok = slot.text.sample(dst, &mut slot.rng, &mut sc.cand);
             let target = (slot.offset + 1) % ct;
             if slot.forced[target] {
@@ -456,6 +470,11 @@ impl Lm {
             }
             sc.text[a] = tok;
             sc.prev[a] = tok;
+            let skip = SkippedIds {
+                pad: cfg.existing_text_padding_id,
+                start: tc as u32,
+            };
+            slot.history.push(tok, skip);
         }
 
         // 5. Depformer, codebook by codebook.

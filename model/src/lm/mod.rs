@@ -46,6 +46,7 @@ pub mod prefill;
 pub(crate) use linear::linear;
 mod sampling;
 mod setup;
+pub mod text_rules;
 mod transformer;
 
 /// Tensors of the norm before depformer head `k` (`depformer_norms.{k}`).
@@ -93,6 +94,11 @@ pub struct GenParams {
     /// `(conditioner, value)` pairs for the guidance (null) row, used when
     /// `cfg_coef != 1`; unnamed conditioners use their learnt padding.
     pub null_conditions: Vec<(String, String)>,
+    /// Kyutai's `pad_mult`: the text padding token's probability is
+    /// multiplied by `exp(pad_mult)` (0: off; see [`text_rules`]).
+    pub pad_mult: f32,
+    /// Kyutai's repetition penalty `(context, penalty)` on text tokens.
+    pub repetition_penalty: Option<(usize, f32)>,
 }
 
 impl Default for GenParams {
@@ -107,6 +113,8 @@ impl Default for GenParams {
             cfg_coef: 1.0,
             conditions: Vec::new(),
             null_conditions: Vec::new(),
+            pad_mult: 0.0,
+            repetition_penalty: None,
         }
     }
 }
@@ -163,6 +171,9 @@ pub enum ParamError {
     /// A number that is NaN or infinite.
     #[error("parameter `{0}` must be finite, got {1}")]
     NotFinite(&'static str, f32),
+    /// A value outside what the parameter allows.
+    #[error("parameter `{0}`: {1}")]
+    OutOfRange(&'static str, String),
 }
 
 /// How a stream ends, following `run_inference.py`.
