@@ -89,7 +89,7 @@ pub fn tensor_i64(st: &SafeTensors, name: &str) -> (Vec<i64>, Vec<usize>) {
     (v, t.shape().to_vec())
 }
 
-/// `‖got − want‖ / ‖want‖`.
+/// `‖got − want‖ / ‖want‖` (`‖got − want‖` when `want` is all zeros).
 pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let num: f64 = got
@@ -98,7 +98,11 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
         .map(|(a, b)| ((a - b) as f64).powi(2))
         .sum();
     let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
 }
 
 /// PersonaPlex fixture folders: `../shared/golden-next/personaplex-tiny`

@@ -216,6 +216,9 @@ impl GpuLm {
             Init::Linear,
         )?;
         let depformer = Depformer::load(dev, w, cfg, act, max_rows)?;
+        for spec in moshid_model::lm::Lm::tensor_specs_unused(cfg) {
+            w.skip(&spec.name, &spec.shape)?;
+        }
         let weights = w.bytes() - before;
         let k = cfg.num_codebooks();
         let ring = cfg.max_delay() + 2;
