@@ -109,6 +109,7 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &[
             "token_cache_in",
             "token_cache_out",
+            "force_tokens",
             "embed_sum",
             "embed_sum_f32",
             "embed_add_rows",

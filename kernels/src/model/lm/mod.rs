@@ -22,6 +22,7 @@
 //! [`GpuLm::load`].
 
 mod depformer;
+pub mod prefill;
 mod stack;
 
 use super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
@@ -128,6 +129,8 @@ pub struct GpuLm {
     text: DevPtr,
     audio: DevPtr,
     scratch: StackScratch,
+    /// Prefill buffers (models with a prompt prefill only).
+    prefill: Option<prefill::PrefillBufs>,
     host_cond: Vec<f32>,
     host_tmp: Vec<f32>,
     memory: LmMemory,
@@ -221,7 +224,8 @@ impl GpuLm {
         }
         let weights = w.bytes() - before;
         let k = cfg.num_codebooks();
-        let ring = cfg.max_delay() + 2;
+        let lag = usize::from(cfg.model_type == ModelType::PersonaPlex);
+        let ring = cfg.max_delay() + 2 + lag;
         let delays: Vec<i32> = cfg.delays.iter().map(|&d| d as i32).collect();
         let delays_ptr = dev.alloc(delays.len() * 4)?;
         dev.upload(delays_ptr, as_bytes(&delays))?;
@@ -229,6 +233,11 @@ impl GpuLm {
             cache: dev.alloc(max_slots * k * ring * 4)?,
             offset: dev.alloc(max_slots * 4)?,
             delays: delays_ptr,
+            forced: if lag > 0 {
+                dev.alloc(max_slots * k * ring * 4)?
+            } else {
+                NULL
+            },
         };
         let tc_shape = TokenCacheShape {
             codebooks: k,
@@ -238,6 +247,7 @@ impl GpuLm {
             card,
             text_card: cfg.text_card,
             max_delay: cfg.max_delay(),
+            lag,
         };
         let cond = if conditioning.is_empty() {
             NULL
@@ -255,7 +265,13 @@ impl GpuLm {
             weights,
             kv_per_slot: temporal.kv_bytes() / max_slots.max(1),
         };
+        let prefill = if moshid_model::lm::prefill_headroom(cfg) > 0 {
+            Some(prefill::PrefillBufs::new(dev, temporal.shape(), k, act)?)
+        } else {
+            None
+        };
         let mut lm = GpuLm {
+            prefill,
             act,
             rps,
             max_slots,
@@ -356,6 +372,9 @@ impl GpuLm {
         dev.upload(self.rng + (slot * 32) as u64, as_bytes(&rng))?;
         let per_slot = self.tc_shape.codebooks * self.tc_shape.ring * 4;
         dev.memset_zero(self.tc.cache + (slot * per_slot) as u64, per_slot)?;
+        if self.tc.forced != NULL {
+            dev.memset_zero(self.tc.forced + (slot * per_slot) as u64, per_slot)?;
+        }
         dev.memset_zero(self.tc.offset + (slot * 4) as u64, 4)?;
         Ok(Ok(setup.cfg_coef.is_some()))
     }
@@ -445,6 +464,8 @@ impl GpuLm {
             out_stride: 1,
         };
         k.sample.sample(dev, &text_args)?;
+        k.embed
+            .force(dev, &self.tc, &self.tc_shape, io.steps, bucket, 0, self.text, 1)?;
         self.depformer.run(
             dev,
             k,
@@ -455,6 +476,7 @@ impl GpuLm {
             self.text,
             self.audio,
             &self.scratch,
+            (&self.tc, &self.tc_shape),
         )?;
         k.embed.cache_out(
             dev,
