@@ -1,48 +1,26 @@
-//! Prompt prefills on the CPU backend (PersonaPlex): the work of
-//! [`StreamingModel::begin_prompt`](crate::streaming::StreamingModel::begin_prompt)
-//! and `prompt_chunk`, and slot snapshots.
-//!
-//! A prompt runs in stages, each bounded per call: (1) a WAV voice's frames
-//! are encoded by the slot's own streaming Mimi (reset at the session's
-//! start, as the official server's), one frame per unit of work; (2) the
-//! prefill frames are assembled ([`crate::persona::prefill_frames`]) and
-//! their token-ring bookkeeping simulated; (3) the transformer positions run
-//! in causal passes of at most [`PREFILL_CHUNK_POSITIONS`]; (4) the slot
-//! gets the ring, flags and offset, and Mimi is reset again. The slot is
-//! then exactly where a frame-by-frame prefill leaves it.
-//!
+//! Prompt prefills on the CPU backend (PersonaPlex): the CPU's
+//! [`PrefillOps`] for the shared [`PromptJob`] stages, and slot snapshots.
 //! A snapshot holds the LM state only: after a prompt Mimi is fresh.
 
+use crate::config::LmConfig;
 use crate::cpu::CpuModel;
 use crate::lm::prefill::{LmSnapshot, Replay, Simulated};
-use crate::lm::{Lm, PREFILL_CHUNK_POSITIONS};
+use crate::lm::Lm;
 use crate::mimi::Mimi;
-use crate::persona::{prefill_frames, Voice, STREAM_CODEBOOKS};
-use crate::streaming::{ModelError, Prompt, PromptProgress, SlotSnapshot, VoiceInput};
+use crate::persona::STREAM_CODEBOOKS;
+use crate::prompt_job::{PrefillOps, PromptJob};
+use crate::streaming::{ModelError, Prompt, PromptProgress, SlotSnapshot};
 use std::sync::Arc;
-
-/// One slot's prompt in progress.
-struct Job {
-    pcm: Option<Arc<[f32]>>,
-    replay: Option<Arc<Replay>>,
-    text_tokens: Vec<u32>,
-    /// Voice frames encoded so far, their codes.
-    encoded: usize,
-    codes: Vec<u32>,
-    sim: Option<Simulated>,
-    /// Transformer positions done.
-    done: usize,
-}
 
 /// Prompt state of every slot.
 pub(crate) struct PromptSlots {
     needed: bool,
-    jobs: Vec<Option<Job>>,
+    jobs: Vec<Option<PromptJob>>,
     ready: Vec<bool>,
     /// One frame per slot for the slot's Mimi encode.
-    pcm: Vec<f32>,
-    active: Vec<bool>,
-    codes: Vec<u32>,
+    pub(crate) pcm: Vec<f32>,
+    pub(crate) active: Vec<bool>,
+    pub(crate) codes: Vec<u32>,
 }
 
 impl PromptSlots {
@@ -77,28 +55,52 @@ fn params(why: impl Into<String>) -> ModelError {
     ModelError::Params(why.into())
 }
 
-/// Checks a replayed voice against the model: embedding width, ring shape
-/// and token ranges.
-pub fn check_replay(lm: &Lm, r: &Replay) -> Result<(), ModelError> {
-    let cfg = lm.config();
-    let (k, ct) = (cfg.num_codebooks(), lm.cache_len());
-    if r.frames == 0 || r.embeddings.len() != (r.frames - 1) * cfg.dim {
-        return Err(params(format!(
-            "the voice's embeddings are not {} wide (this model's dim)",
-            cfg.dim
-        )));
+impl PrefillOps for CpuModel {
+    fn lm_config(&self) -> &LmConfig {
+        self.lm().config()
     }
-    if r.cache.len() != k * ct {
-        return Err(params(format!(
-            "the voice's token ring is not [{k}, {ct}] (this model's)"
-        )));
+
+    fn frame_samples(&self) -> usize {
+        self.mimi().frame_samples()
     }
-    let text_ok = r.cache[..ct].iter().all(|&t| t as usize <= cfg.text_card);
-    let audio_ok = r.cache[ct..].iter().all(|&t| t as usize <= cfg.card);
-    if !text_ok || !audio_ok || r.embeddings.iter().any(|x| !x.is_finite()) {
-        return Err(params("the voice's values are out of range"));
+
+    fn encode_voice_frame(
+        &mut self,
+        slot: usize,
+        pcm: &[f32],
+        codes: &mut [u32],
+    ) -> Result<(), ModelError> {
+        let fs = pcm.len();
+        let (mimi, state, p) = self.prompt_parts();
+        let nq = mimi.num_codebooks();
+        p.pcm[slot * fs..(slot + 1) * fs].copy_from_slice(pcm);
+        p.active.fill(false);
+        p.active[slot] = true;
+        mimi.encode_step(state, &p.pcm, &p.active, &mut p.codes);
+        codes[..STREAM_CODEBOOKS]
+            .copy_from_slice(&p.codes[slot * nq..slot * nq + STREAM_CODEBOOKS]);
+        Ok(())
     }
-    Ok(())
+
+    fn prefill_pass(
+        &mut self,
+        slot: usize,
+        sim: &Simulated,
+        replay: Option<&Replay>,
+        t0: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let (lm, state) = self.lm_parts();
+        lm.prefill_pass(state, slot, sim, replay, t0, n, None);
+        Ok(())
+    }
+
+    fn finish_prefill(&mut self, slot: usize, sim: &Simulated) -> Result<(), ModelError> {
+        let (lm, state) = self.lm_parts();
+        lm.install_prefill(state, slot, sim);
+        self.after_prompt(slot);
+        Ok(())
+    }
 }
 
 impl CpuModel {
@@ -117,37 +119,9 @@ impl CpuModel {
 
     pub(crate) fn begin_prompt_impl(&mut self, slot: usize, p: &Prompt) -> Result<(), ModelError> {
         self.check_slot(slot)?;
-        let cfg = self.lm().config();
-        if let Some(&t) = p.text_tokens.iter().find(|&&t| t as usize >= cfg.text_card) {
-            return Err(params(format!(
-                "text prompt token {t} is not below text_card {}",
-                cfg.text_card
-            )));
-        }
-        let fs = self.mimi().frame_samples();
-        let (pcm, replay) = match &p.voice {
-            VoiceInput::None => (None, None),
-            VoiceInput::Pcm(a) => {
-                if a.is_empty() || a.len() % fs != 0 {
-                    return Err(params("the voice audio is not a whole number of frames"));
-                }
-                (Some(a.clone()), None)
-            }
-            VoiceInput::Replay(r) => {
-                check_replay(self.lm(), r)?;
-                (None, Some(r.clone()))
-            }
-        };
+        let job = PromptJob::new(p, self.lm().config(), self.mimi().frame_samples())?;
         self.prompts.ready[slot] = false;
-        self.prompts.jobs[slot] = Some(Job {
-            pcm,
-            replay,
-            text_tokens: p.text_tokens.clone(),
-            encoded: 0,
-            codes: Vec::new(),
-            sim: None,
-            done: 0,
-        });
+        self.prompts.jobs[slot] = Some(job);
         Ok(())
     }
 
@@ -163,71 +137,11 @@ impl CpuModel {
         let Some(mut job) = self.prompts.jobs[slot].take() else {
             return Err(params("no prompt was begun for this slot"));
         };
-        let mut budget = max_frames.max(1);
-        let fs = self.mimi().frame_samples();
-        let nq = self.mimi().num_codebooks();
-        // (1) Voice frames through the slot's Mimi.
-        if let Some(pcm) = job.pcm.clone() {
-            let frames = pcm.len() / fs;
-            while job.encoded < frames && budget > 0 {
-                let f = job.encoded;
-                let (mimi, state, p) = self.prompt_parts();
-                p.pcm[slot * fs..(slot + 1) * fs].copy_from_slice(&pcm[f * fs..(f + 1) * fs]);
-                p.active.fill(false);
-                p.active[slot] = true;
-                mimi.encode_step(state, &p.pcm, &p.active, &mut p.codes);
-                job.codes
-                    .extend_from_slice(&p.codes[slot * nq..slot * nq + STREAM_CODEBOOKS]);
-                job.encoded += 1;
-                budget -= 1;
-            }
-            if job.encoded < frames {
-                let left = frames - job.encoded + job.text_tokens.len() + 12;
-                self.prompts.jobs[slot] = Some(job);
-                return Ok(PromptProgress::Pending { frames_left: left });
-            }
-        }
-        // (2) The frames and their bookkeeping.
-        if job.sim.is_none() {
-            let voice = match (&job.pcm, &job.replay) {
-                (Some(_), _) => Voice::Codes(std::mem::take(&mut job.codes)),
-                (None, Some(r)) => Voice::Replay((**r).clone()),
-                (None, None) => Voice::None,
-            };
-            let lm = self.lm();
-            let cfg = lm.config();
-            let frames = prefill_frames(voice, &job.text_tokens, cfg.card as u32);
-            let initial: Vec<u32> = (0..cfg.num_codebooks())
-                .map(|k| {
-                    if k == 0 {
-                        cfg.text_card as u32
-                    } else {
-                        cfg.card as u32
-                    }
-                })
-                .collect();
-            job.sim = Some(frames.simulate(&cfg.delays, &initial, lm.cache_len()));
-        }
-        // (3) Transformer positions.
-        let sim = job.sim.as_ref().expect("simulated above");
-        let total = sim.positions();
-        while job.done < total && budget > 0 {
-            let n = (total - job.done).min(PREFILL_CHUNK_POSITIONS).min(budget);
-            let (lm, state) = self.lm_parts();
-            lm.prefill_pass(state, slot, sim, job.replay.as_deref(), job.done, n, None);
-            job.done += n;
-            budget -= n;
-        }
-        if job.done < total {
-            let left = total - job.done;
+        let progress = job.advance(self, slot, max_frames)?;
+        if progress != PromptProgress::Done {
             self.prompts.jobs[slot] = Some(job);
-            return Ok(PromptProgress::Pending { frames_left: left });
         }
-        // (4) The slot's ring; Mimi reset as the server does after the prompt.
-        let (lm, state) = self.lm_parts();
-        lm.install_prefill(state, slot, sim);
-        self.after_prompt(slot);
-        Ok(PromptProgress::Done)
+        Ok(progress)
     }
 
     fn after_prompt(&mut self, slot: usize) {

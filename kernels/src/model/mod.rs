@@ -15,6 +15,7 @@ mod error;
 mod io;
 pub mod lm;
 pub mod mimi;
+mod prompt;
 pub mod staging;
 mod streaming;
 pub mod tensor;

@@ -18,4 +18,3 @@ pub fn input_pcm(dir: &Path) -> (usize, usize, Vec<f32>) {
     let (pcm, shape) = tensor_f32(&st, "pcm_in");
     (shape[0], shape[2], pcm)
 }
-

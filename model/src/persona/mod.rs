@@ -27,7 +27,10 @@ pub mod loudness;
 pub mod pt;
 pub mod wav;
 
+use crate::config::LmConfig;
 use crate::lm::prefill::{PrefillFrames, Replay};
+use crate::streaming::{ModelError, VoiceInput};
+use std::sync::Arc;
 
 /// The model audio of a silent frame (Mimi codes of the real codec,
 /// hard-coded in lm.py:56).
@@ -52,6 +55,71 @@ pub fn wrap_with_system_tags(text: &str) -> String {
         t.to_string()
     } else {
         format!("{TAG} {t} {TAG}")
+    }
+}
+
+/// Why a voice prompt file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum VoiceError {
+    /// A `.pt` file that is not NVIDIA's voice embeddings.
+    #[error("{0}")]
+    Pt(#[from] pt::PtError),
+    /// A WAV file that cannot be used.
+    #[error("{0}")]
+    Wav(#[from] wav::WavError),
+    /// A voice that does not fit this model.
+    #[error("{0}")]
+    Model(#[from] ModelError),
+}
+
+/// The replayed voice of a `.pt` file's bytes, checked against the model.
+pub fn replay_from_pt(bytes: &[u8], cfg: &LmConfig) -> Result<Replay, VoiceError> {
+    let v = pt::read_pt(bytes)?;
+    let dim = cfg.dim;
+    let e = &v.embeddings;
+    let shape_ok =
+        e.shape.last() == Some(&dim) && e.shape.iter().skip(1).rev().skip(1).all(|&d| d == 1);
+    if !shape_ok || e.shape.len() < 2 {
+        return Err(pt::PtError(format!(
+            "`embeddings` has shape {:?}, expected [frames, 1, 1, {dim}]",
+            e.shape
+        ))
+        .into());
+    }
+    let cache = v
+        .cache
+        .values
+        .iter()
+        .map(|&x| u32::try_from(x).map_err(|_| pt::PtError(format!("`cache` holds {x}"))))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let r = Replay {
+        frames: e.shape[0] + 1,
+        embeddings: v.embeddings.values,
+        cache,
+    };
+    crate::prompt_job::check_replay(cfg, &r)?;
+    Ok(r)
+}
+
+/// The voice input of a WAV voice already at 24 kHz (normalised and
+/// padded as the official server does).
+pub fn voice_from_pcm_24k(samples: &[f32], frame_samples: usize) -> Result<VoiceInput, VoiceError> {
+    let (pcm, _, _) = wav::prepare_voice(samples, frame_samples)?;
+    Ok(VoiceInput::Pcm(pcm.into()))
+}
+
+/// The voice input of a `.pt` voice.
+pub fn voice_from_pt(bytes: &[u8], cfg: &LmConfig) -> Result<VoiceInput, VoiceError> {
+    Ok(VoiceInput::Replay(Arc::new(replay_from_pt(bytes, cfg)?)))
+}
+
+/// The role text's tokens as the official server makes them; an empty or
+/// blank text gives none (the official server fails on it).
+pub fn text_prompt_tokens(enc: &crate::spm_encode::Encoder, text: &str) -> Vec<u32> {
+    if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        enc.encode(&wrap_with_system_tags(text))
     }
 }
 

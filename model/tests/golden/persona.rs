@@ -11,14 +11,14 @@ use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::cpu::CpuModel;
 use moshid_model::lm::prefill::{PositionInput, Replay};
 use moshid_model::lm::{GenParams, Lm};
-use moshid_model::persona::pt::read_pt;
 use moshid_model::persona::wav::{prepare_voice, read_wav};
-use moshid_model::persona::{prefill_frames, wrap_with_system_tags, Voice};
+use moshid_model::persona::{
+    prefill_frames, replay_from_pt, text_prompt_tokens, voice_from_pt, Voice,
+};
 use moshid_model::spm_encode::Encoder;
 use moshid_model::streaming::{Prompt, PromptProgress, SessionParams, StreamingModel, VoiceInput};
 use safetensors::SafeTensors;
 use std::path::Path;
-use std::sync::Arc;
 
 use super::fixtures::{persona_dirs, rel_err, tensor_f32, tensor_i64};
 
@@ -45,23 +45,16 @@ fn streams(dir: &Path) -> Vec<Stream> {
 
 /// A replayed voice from a `.pt` file, checked against the model.
 fn replay(dir: &Path, name: &str, lm: &Lm) -> Replay {
-    let pt = read_pt(&std::fs::read(dir.join(name)).unwrap()).unwrap();
-    let dim = lm.config().dim;
-    assert_eq!(pt.embeddings.values.len() % dim, 0);
-    let r = Replay {
-        frames: pt.embeddings.values.len() / dim + 1,
-        embeddings: pt.embeddings.values,
-        cache: pt.cache.values.iter().map(|&v| v as u32).collect(),
-    };
-    moshid_model::check_replay(lm, &r).unwrap();
-    r
+    replay_from_pt(&std::fs::read(dir.join(name)).unwrap(), lm.config()).unwrap()
 }
 
 /// The prompt of a stream, checking each stage of a WAV voice on the way.
 fn prompt(dir: &Path, st: &SafeTensors, s: &Stream, enc: &Encoder, lm: &Lm, fs: usize) -> Prompt {
     let voice = match s.voice.as_deref() {
         None => VoiceInput::None,
-        Some(n) if n.ends_with(".pt") => VoiceInput::Replay(Arc::new(replay(dir, n, lm))),
+        Some(n) if n.ends_with(".pt") => {
+            voice_from_pt(&std::fs::read(dir.join(n)).unwrap(), lm.config()).unwrap()
+        }
         Some(n) => {
             let stem = n.trim_end_matches(".wav");
             let wav = read_wav(&std::fs::read(dir.join(n)).unwrap()).unwrap();
@@ -90,7 +83,7 @@ fn prompt(dir: &Path, st: &SafeTensors, s: &Stream, enc: &Encoder, lm: &Lm, fs: 
             VoiceInput::Pcm(pcm.into())
         }
     };
-    let text_tokens = enc.encode(&wrap_with_system_tags(&s.text));
+    let text_tokens = text_prompt_tokens(enc, &s.text);
     Prompt { voice, text_tokens }
 }
 

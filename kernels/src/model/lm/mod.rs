@@ -464,8 +464,16 @@ impl GpuLm {
             out_stride: 1,
         };
         k.sample.sample(dev, &text_args)?;
-        k.embed
-            .force(dev, &self.tc, &self.tc_shape, io.steps, bucket, 0, self.text, 1)?;
+        k.embed.force(
+            dev,
+            &self.tc,
+            &self.tc_shape,
+            io.steps,
+            bucket,
+            0,
+            self.text,
+            1,
+        )?;
         self.depformer.run(
             dev,
             k,

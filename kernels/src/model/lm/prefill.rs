@@ -82,7 +82,10 @@ impl GpuLm {
         let kk = self.tc_shape.codebooks;
         let dim = self.cfg.dim;
         let Some(pf) = self.prefill.as_mut() else {
-            return Err(crate::device::DeviceError::shape("prefill", "the model has no prefill"));
+            return Err(crate::device::DeviceError::shape(
+                "prefill",
+                "the model has no prefill",
+            ));
         };
         assert!(n <= PREFILL_CHUNK_POSITIONS && t0 + n <= sim.positions());
         for i in 0..n {
@@ -137,9 +140,18 @@ impl GpuLm {
         forced: &[i32],
     ) -> DeviceResult<()> {
         let per_slot = self.tc_shape.codebooks * self.tc_shape.ring;
-        dev.upload(self.tc.cache + (slot * per_slot * 4) as u64, as_bytes(cache))?;
-        dev.upload(self.tc.forced + (slot * per_slot * 4) as u64, as_bytes(forced))?;
-        dev.upload(self.tc.offset + (slot * 4) as u64, as_bytes(&[offset as i32]))
+        dev.upload(
+            self.tc.cache + (slot * per_slot * 4) as u64,
+            as_bytes(cache),
+        )?;
+        dev.upload(
+            self.tc.forced + (slot * per_slot * 4) as u64,
+            as_bytes(forced),
+        )?;
+        dev.upload(
+            self.tc.offset + (slot * 4) as u64,
+            as_bytes(&[offset as i32]),
+        )
     }
 
     /// The ring a frame-by-frame prefill of `sim` leaves, given to `slot`.
@@ -194,8 +206,14 @@ impl GpuLm {
         snap: &GpuLmSnapshot,
     ) -> DeviceResult<()> {
         let mut kv = snap.kv.clone();
-        self.temporal
-            .copy_positions(dev, slot * self.rps, snap.first_pos, snap.offset, &mut kv, false)?;
+        self.temporal.copy_positions(
+            dev,
+            slot * self.rps,
+            snap.first_pos,
+            snap.offset,
+            &mut kv,
+            false,
+        )?;
         self.set_ring(dev, slot, snap.offset, &snap.cache, &snap.forced)
     }
 }

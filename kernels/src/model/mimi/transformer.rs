@@ -278,8 +278,15 @@ impl GpuTransformer {
     ) -> DeviceResult<()> {
         let (d, ff) = (self.d, self.ff);
         let rows = n * t;
-        k.rows
-            .launch(dev, steps, n, t, self.label_from_end, self.positions, b.rows)?;
+        k.rows.launch(
+            dev,
+            steps,
+            n,
+            t,
+            self.label_from_end,
+            self.positions,
+            b.rows,
+        )?;
         let shape = AttnShape {
             dim: d,
             heads: self.heads,
