@@ -126,6 +126,12 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &["sample_tokens"],
     },
     KernelModule {
+        name: "text_rules",
+        file: "text_rules.cu",
+        source: include_str!("../cuda/text_rules.cu"),
+        kernels: &["text_rules_apply", "text_history_push"],
+    },
+    KernelModule {
         name: "conv",
         file: "conv.cu",
         source: include_str!("../cuda/conv.cu"),

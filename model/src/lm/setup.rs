@@ -153,6 +153,16 @@ impl Conditioning {
         if cfg_on && self.is_empty() {
             return Err(ParamError::CfgWithoutConditioners(params.cfg_coef));
         }
+        if cfg_on && (params.pad_mult != 0.0 || params.repetition_penalty.is_some()) {
+            return Err(ParamError::OutOfRange(
+                if params.pad_mult != 0.0 {
+                    "pad_mult"
+                } else {
+                    "repetition_penalty"
+                },
+                "is not available with classifier-free guidance".into(),
+            ));
+        }
         let cond_ids = self.resolve(&params.conditions)?;
         let null_ids = self.resolve(&params.null_conditions)?;
         let d = self.dim;

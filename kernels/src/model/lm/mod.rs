@@ -34,6 +34,7 @@ use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
 use crate::ops::norm::NormKernels;
 use crate::ops::sampling::{SampleArgs, SampleKernels};
+use crate::ops::text_rules::{TextRulesKernels, TextRulesParams, TextRulesState};
 use crate::ops::types::SlotParams;
 use depformer::Depformer;
 use moshid_model::config::{LmConfig, ModelType};
@@ -53,6 +54,8 @@ pub struct LmKernels {
     pub embed: EmbedKernels,
     /// Sampling.
     pub sample: SampleKernels,
+    /// Kyutai's text rules.
+    pub rules: TextRulesKernels,
 }
 
 impl LmKernels {
@@ -64,6 +67,7 @@ impl LmKernels {
             ew: EwKernels::resolve(dev)?,
             embed: EmbedKernels::resolve(dev)?,
             sample: SampleKernels::resolve(dev)?,
+            rules: TextRulesKernels::resolve(dev)?,
         })
     }
 }
@@ -129,6 +133,8 @@ pub struct GpuLm {
     text: DevPtr,
     audio: DevPtr,
     scratch: StackScratch,
+    /// Kyutai's text rules per slot.
+    rules: TextRulesState,
     /// Prefill buffers (models with a prompt prefill only).
     prefill: Option<prefill::PrefillBufs>,
     host_cond: Vec<f32>,
@@ -270,7 +276,19 @@ impl GpuLm {
         } else {
             None
         };
+        let cap = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+        let rules = TextRulesState {
+            rules: dev.alloc(max_slots * std::mem::size_of::<TextRulesParams>())?,
+            hist: dev.alloc(max_slots * cap * 4)?,
+            hist_n: dev.alloc(max_slots * 4)?,
+            cap,
+            seen: dev.alloc(max_slots * cfg.text_card)?,
+            pad: cfg.existing_text_padding_id,
+            start: cfg.text_card as u32,
+        };
+        dev.memset_zero(rules.seen, max_slots * cfg.text_card)?;
         let mut lm = GpuLm {
+            rules,
             prefill,
             act,
             rps,
@@ -368,6 +386,14 @@ impl GpuLm {
         };
         let psize = std::mem::size_of::<SlotParams>();
         dev.upload(self.params + (slot * psize) as u64, as_bytes(&[p]))?;
+        let r = TextRulesParams {
+            pad_bonus: setup.rules.pad_bonus,
+            context: setup.rules.repetition.map_or(0, |(c, _)| clamp(c)),
+            penalty: setup.rules.repetition.map_or(1.0, |(_, p)| p),
+        };
+        let rsize = std::mem::size_of::<TextRulesParams>();
+        dev.upload(self.rules.rules + (slot * rsize) as u64, as_bytes(&[r]))?;
+        dev.memset_zero(self.rules.hist_n + (slot * 4) as u64, 4)?;
         let rng = crate::rng::seed_state(setup.seed);
         dev.upload(self.rng + (slot * 32) as u64, as_bytes(&rng))?;
         let per_slot = self.tc_shape.codebooks * self.tc_shape.ring * 4;
@@ -463,6 +489,15 @@ impl GpuLm {
             out: self.text,
             out_stride: 1,
         };
+        k.rules.apply(
+            dev,
+            &self.rules,
+            io.steps,
+            bucket,
+            self.text_logits,
+            cfg.text_card,
+            cfg.text_card,
+        )?;
         k.sample.sample(dev, &text_args)?;
         k.embed.force(
             dev,
@@ -474,6 +509,8 @@ impl GpuLm {
             self.text,
             1,
         )?;
+        k.rules
+            .push(dev, &self.rules, io.steps, bucket, self.text)?;
         self.depformer.run(
             dev,
             k,
