@@ -101,7 +101,7 @@ fn f32_sessions_match_the_official_code() {
                     .copy_from_slice(&pcm_in[s * psh[2] + t * fs..s * psh[2] + (t + 1) * fs]);
             }
             m.step(&mut batch).unwrap();
-            for slot in 0..2 * STREAMS {
+            for (slot, out) in out.iter_mut().enumerate() {
                 let s = slot % STREAMS;
                 assert!(batch.has_output[slot], "slot {slot} frame {t}: no output");
                 let col = |r: usize| tok[(s * tsh[1] + r) * t_n + t];
@@ -121,7 +121,7 @@ fn f32_sessions_match_the_official_code() {
                 let want = &logits[(s * t_n + t) * tc..(s * t_n + t + 1) * tc];
                 let e = rel_err(&got_logits, want);
                 assert!(e < 1e-4, "slot {slot} frame {t}: text logits off by {e:e}");
-                out[slot][t * fs..(t + 1) * fs].copy_from_slice(batch.output(slot));
+                out[t * fs..(t + 1) * fs].copy_from_slice(batch.output(slot));
             }
         }
         for slot in 0..2 * STREAMS {

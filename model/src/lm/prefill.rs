@@ -184,6 +184,7 @@ impl Lm {
     /// the text logits of each position. `n` is at most
     /// [`PREFILL_CHUNK_POSITIONS`]; positions must follow the slot's previous
     /// ones.
+    #[allow(clippy::too_many_arguments)]
     pub fn prefill_pass(
         &self,
         state: &mut LmState,
