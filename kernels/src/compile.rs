@@ -109,6 +109,7 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &[
             "token_cache_in",
             "token_cache_out",
+            "force_tokens",
             "embed_sum",
             "embed_sum_f32",
             "embed_add_rows",
@@ -125,6 +126,12 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &["sample_tokens"],
     },
     KernelModule {
+        name: "text_rules",
+        file: "text_rules.cu",
+        source: include_str!("../cuda/text_rules.cu"),
+        kernels: &["text_rules_apply", "text_history_push"],
+    },
+    KernelModule {
         name: "conv",
         file: "conv.cu",
         source: include_str!("../cuda/conv.cu"),
@@ -132,16 +139,17 @@ pub const MODULES: &[KernelModule] = &[
             "conv1d_stream",
             "conv1d_replicate_pad",
             "conv1d_state_update",
-            "convtr1d_stream",
             "convtr1d_dw_stream",
             "convtr1d_state_update",
+            "conv_gemm",
+            "conv_gemm_reduce",
         ],
     },
     KernelModule {
         name: "quantizer",
         file: "quantizer.cu",
         source: include_str!("../cuda/quantizer.cu"),
-        kernels: &["rvq_encode", "rvq_decode"],
+        kernels: &["rvq_stage", "rvq_decode"],
     },
 ];
 

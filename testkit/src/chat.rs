@@ -4,7 +4,7 @@
 //! that sends real Ogg Opus and records everything that comes back in a
 //! [`SessionLog`].
 //!
-//! Message kinds are the protocol's ([`moshid::client::protocol`]); errors
+//! Message kinds are the protocol's ([`moshid::protocol`]); errors
 //! are classified as `moshid client` classifies them
 //! ([`moshid::client::would_block`], [`moshid::client::is_closed`]).
 //!
@@ -16,7 +16,7 @@
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use moshid::client::protocol::MessageKind;
+use moshid::protocol::MessageKind;
 use moshid::client::{is_closed, would_block};
 use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES};
 use serde_json::Value;
@@ -29,7 +29,7 @@ use crate::{FRAME, IO_TIMEOUT, SESSION_END_TIMEOUT};
 /// Kind bytes of the chat protocol, as `u8` for building and matching raw
 /// messages.
 pub mod kind {
-    use moshid::client::protocol::MessageKind;
+    use moshid::protocol::MessageKind;
 
     pub const HANDSHAKE: u8 = MessageKind::Handshake as u8;
     pub const AUDIO: u8 = MessageKind::Audio as u8;

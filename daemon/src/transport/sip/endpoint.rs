@@ -40,12 +40,12 @@
 use super::auth::{Authenticator, Verdict};
 use super::build::{self, Ids, ALLOW};
 use super::call::{Call, CallState};
-use super::config::SipConfig;
 use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
 use super::peer::{Peer, Transport};
 use super::sdp::{self, Negotiation};
 use super::transaction::{self, Backoff, Table, Timers};
+use crate::config::sip::SipConfig;
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
 use crate::log_record::{LogLine, Record};
@@ -258,8 +258,8 @@ impl Endpoint {
     /// The TCP connection `peer` closed: its calls end (reason
     /// `sip_connection_closed`), as moshid opens no connections of its own
     /// and so could neither send their BYE nor hear one (RFC 3261 §18.2.2
-    /// would have moshid connect to the Via's sent-by; see the README's
-    /// "not done").
+    /// would have moshid connect to the Via's sent-by; see docs/sip.md,
+    /// "Not done").
     pub fn on_connection_closed(&mut self, peer: Peer) {
         let gone: Vec<String> = self
             .calls

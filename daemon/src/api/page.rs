@@ -4,7 +4,7 @@
 //! binary: nothing is fetched at run time and nothing comes from a third
 //! party. Audio is Opus through the browser's own WebCodecs encoder and
 //! decoder, in Ogg pages made and read by the page's `ogg.js`, so no codec is
-//! vendored (see the README, "The browser page").
+//! vendored (see docs/browser.md, "Why WebCodecs").
 //!
 //! Invariants:
 //! - The page and its assets are public (`is_public`): with `listen.token`
@@ -15,10 +15,6 @@
 //!   referrer (a `?token=` never leaves in a Referer header) and
 //!   `Cache-Control: no-cache` (a new daemon's page is never mixed with an
 //!   old one's cached modules).
-
-mod model;
-
-pub use model::{Conditioner, ModelDescription};
 
 use crate::http::{self, HttpError, RequestHead};
 use crate::io::app::CoreApp;
