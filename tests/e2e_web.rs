@@ -1,7 +1,7 @@
 //! The page's server side without a browser: the embedded assets and their
 //! headers, `GET /v1/model`, the token (headers and `auth_id`), built-in TLS
 //! (plain HTTP to the TLS port, the handshake timeout, a certificate that
-//! cannot be used) and SIGHUP. The browser itself: `browser_page.rs`.
+//! cannot be used) and SIGHUP. The browser itself: `e2e_browser.rs`.
 
 use moshid_testkit::prelude::*;
 use std::io::{Read, Write};

@@ -16,9 +16,9 @@
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use moshid::protocol::MessageKind;
 use moshid::client::{is_closed, would_block};
 use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES};
+use moshid::protocol::MessageKind;
 use serde_json::Value;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};

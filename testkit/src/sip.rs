@@ -1,6 +1,6 @@
 //! What the SIP suites share: a network namespace of the test's own (only
 //! `lo`, a default route over it, so every peer writes 127.0.0.1 into its
-//! SDP), sipp runs of the scenarios in `daemon/tests/data/sip/`, and the
+//! SDP), sipp runs of the scenarios in `tests/data/sip/`, and the
 //! daemon's SIP configuration.
 //!
 //! Each test re-runs itself, alone, inside `unshare -n` (or `unshare -rn`
@@ -25,7 +25,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The scenarios' folder.
 fn scenarios() -> PathBuf {
-    crate::peers::workspace_root().join("daemon/tests/data/sip")
+    crate::peers::workspace_root().join("tests/data/sip")
 }
 
 /// Whether the SIP peer `bin` (sipp, baresip, linphonec) can run: always

@@ -386,7 +386,7 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
         "every session admitted once"
     );
     eprintln!(
-        "metrics_e2e: {} sessions off in {:.1} s, {} on in {:.1} s, {} switched; {} refusals retried; total {:.1} s",
+        "e2e_metrics: {} sessions off in {:.1} s, {} on in {:.1} s, {} switched; {} refusals retried; total {:.1} s",
         a.sessions,
         time_off.as_secs_f64(),
         b.sessions,
