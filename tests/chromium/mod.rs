@@ -36,6 +36,22 @@ pub fn chromium_binary() -> String {
     std::env::var("MOSHID_CHROMIUM").unwrap_or_else(|_| "chromium".to_string())
 }
 
+/// Whether Chromium can run here: a missing one fails the test, unless
+/// `MOSHID_SKIP` names chromium (see `moshid_testkit::peers`).
+pub fn need_chromium() -> bool {
+    let bin = chromium_binary();
+    let found = if bin.contains('/') {
+        if Path::new(&bin).exists() {
+            Ok(())
+        } else {
+            Err(format!("MOSHID_CHROMIUM={bin} does not exist"))
+        }
+    } else {
+        moshid_testkit::peers::on_path(&bin)
+    };
+    moshid_testkit::peers::require("chromium", found)
+}
+
 /// The microphone the browser is given.
 #[derive(Debug, Clone, Copy)]
 pub enum Mic<'a> {
