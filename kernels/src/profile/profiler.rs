@@ -546,4 +546,7 @@ impl<D: Device> Device for Profiled<D> {
     fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
         self.inner.graph_nodes(graph)
     }
+    fn multiprocessors(&self) -> usize {
+        self.inner.multiprocessors()
+    }
 }
