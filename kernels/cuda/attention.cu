@@ -119,7 +119,7 @@ rope_kv_write_f32(float* __restrict__ qkv, const float* __restrict__ freqs, cons
 // two 16-byte loads of f32); lpk lanes (head_dim / 8 rounded up to a power
 // of two; lanes past the row idle) take one key, so a warp holds
 // 32 / lpk keys per load and ATT_UNROLL loads of keys and values in flight
-// per lane before it computes. Scores are reduced over the lpk lanes of a
+// per lane before it computes (AttRaw::unroll). Scores are reduced over the lpk lanes of a
 // key by shuffles, the softmax runs online with a warp-wide running max
 // (so lanes of different keys can sum their weighted values without
 // rescaling), and the warps' results merge through shared memory:
@@ -191,11 +191,14 @@ __device__ __forceinline__ void att_unpack(const uint2& r, float* x) {
     att_e4m3x4(r.y, x + 4);
 }
 
-// The raw type of ATT_VEC values of KV.
+// The raw type of ATT_VEC values of KV, and how many keys' loads a lane
+// keeps in flight: 4 × 2 × 16 bytes in bf16, the same bytes in fp8 (8 keys),
+// 2 keys in f32 (Mimi and the exact mode, where registers, not bandwidth,
+// are what is short).
 template <typename KV> struct AttRaw;
-template <> struct AttRaw<float> { typedef AttRawF32 T; };
-template <> struct AttRaw<bf16> { typedef uint4 T; };
-template <> struct AttRaw<__nv_fp8_e4m3> { typedef uint2 T; };
+template <> struct AttRaw<float> { typedef AttRawF32 T; static constexpr int unroll = 2; };
+template <> struct AttRaw<bf16> { typedef uint4 T; static constexpr int unroll = ATT_UNROLL; };
+template <> struct AttRaw<__nv_fp8_e4m3> { typedef uint2 T; static constexpr int unroll = 2 * ATT_UNROLL; };
 
 // The first position of a row's window (see the file's head).
 __device__ __forceinline__ int att_window_start(const RowInfo& ri, int context, int capacity) {
@@ -211,6 +214,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
     __shared__ float s_acc[ATT_WARPS][ATT_HEADS_PER_BLOCK][ATT_MAX_HEAD_DIM];
     __shared__ float s_m[ATT_WARPS][ATT_HEADS_PER_BLOCK], s_l[ATT_WARPS][ATT_HEADS_PER_BLOCK];
     typedef typename AttRaw<KV>::T Raw;
+    constexpr int UNROLL = AttRaw<KV>::unroll;
     const int rep = dim / kv_dim, hblocks = (rep + ATT_HEADS_PER_BLOCK - 1) / ATT_HEADS_PER_BLOCK;
     const int kvh = blockIdx.x / hblocks, h0 = kvh * rep + (blockIdx.x % hblocks) * ATT_HEADS_PER_BLOCK;
     const int nh = min(ATT_HEADS_PER_BLOCK, kvh * rep + rep - h0);
@@ -251,12 +255,12 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
     }
     const size_t row0 = (size_t)ri.kv * capacity, col = (size_t)kvh * head_dim + (size_t)c * ATT_VEC;
     const int ring0 = k0 % capacity;
-    const int per_round = ATT_WARPS * groups * ATT_UNROLL;
-    for (int base = k0 + w * groups * ATT_UNROLL; base < k1; base += per_round) {
-        Raw kr[ATT_UNROLL], vr[ATT_UNROLL];
-        bool ok[ATT_UNROLL];
+    const int per_round = ATT_WARPS * groups * UNROLL;
+    for (int base = k0 + w * groups * UNROLL; base < k1; base += per_round) {
+        Raw kr[UNROLL], vr[UNROLL];
+        bool ok[UNROLL];
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int p = base + u * groups + g;
             ok[u] = p < k1;
             kr[u] = att_zero(k_cache);
@@ -269,9 +273,9 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
                 vr[u] = att_load(v_cache + at);
             }
         }
-        float s[ATT_UNROLL][ATT_HEADS_PER_BLOCK];
+        float s[UNROLL][ATT_HEADS_PER_BLOCK];
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             float x[ATT_VEC];
             att_unpack(kr[u], x);
 #pragma unroll
@@ -287,7 +291,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
         for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
             float mx = s[0][j];
 #pragma unroll
-            for (int u = 1; u < ATT_UNROLL; ++u) mx = fmaxf(mx, s[u][j]);
+            for (int u = 1; u < UNROLL; ++u) mx = fmaxf(mx, s[u][j]);
             for (int o = lpk; o < WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(m[j], mx);
             if (m_new == NEG_INF) continue;  // no key yet (uniform over the warp)
@@ -296,7 +300,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
 #pragma unroll
             for (int i = 0; i < ATT_VEC; ++i) acc[j][i] *= corr;
 #pragma unroll
-            for (int u = 0; u < ATT_UNROLL; ++u) {
+            for (int u = 0; u < UNROLL; ++u) {
                 const float pw = exp2f(s[u][j] - m_new);
                 float x[ATT_VEC];
                 att_unpack(vr[u], x);
