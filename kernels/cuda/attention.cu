@@ -205,22 +205,174 @@ __device__ __forceinline__ int att_window_start(const RowInfo& ri, int context, 
     return max(max(ri.pos + 1 - context, ri.last + 1 - capacity), 0);
 }
 
+// A lane's place in a block: lanes per key (a power of two), keys per warp
+// load, its key slot and its chunk of the row.
+struct AttGeom {
+    int lpk, groups, g, c;
+    bool has_chunk;
+};
+
+__device__ __forceinline__ AttGeom att_geom(int head_dim, int lane) {
+    const int chunks = head_dim / ATT_VEC;
+    AttGeom ge;
+    ge.lpk = 1;
+    while (ge.lpk < chunks) ge.lpk <<= 1;
+    ge.groups = WARP / ge.lpk;
+    ge.g = lane / ge.lpk;
+    ge.c = lane % ge.lpk;
+    ge.has_chunk = ge.c < chunks;
+    return ge;
+}
+
+// A lane's running state per query head of the block: its chunk of the
+// (scaled) query and of the accumulator; the warp's running max and the
+// lane's key slot's running sum.
+struct AttLane {
+    float q[ATT_HEADS_PER_BLOCK][ATT_VEC], acc[ATT_HEADS_PER_BLOCK][ATT_VEC];
+    float m[ATT_HEADS_PER_BLOCK], l[ATT_HEADS_PER_BLOCK];
+};
+
+// Where a split's keys live: positions [k0, k1) of cache row `row0 /
+// capacity`, the first at ring index ring0; this lane's column.
+struct AttKeys {
+    int k0, k1, ring0, capacity, kv_dim;
+    size_t row0, col;
+};
+
+// One round of a warp over keys base + u·groups + g (u < unroll): every load
+// of keys and values first, then the scores and the online softmax.
+template <typename KV>
+__device__ __forceinline__ void att_round(const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+                                          const AttKeys& ks, const AttGeom& ge, int base, AttLane& st) {
+    typedef typename AttRaw<KV>::T Raw;
+    constexpr int UNROLL = AttRaw<KV>::unroll;
+    Raw kr[UNROLL], vr[UNROLL];
+    bool ok[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int p = base + u * ge.groups + ge.g;
+        ok[u] = p < ks.k1;
+        kr[u] = att_zero(k_cache);
+        vr[u] = att_zero(v_cache);
+        if (ok[u] && ge.has_chunk) {
+            int idx = ks.ring0 + (p - ks.k0);
+            if (idx >= ks.capacity) idx -= ks.capacity;
+            const size_t at = (ks.row0 + (size_t)idx) * ks.kv_dim + ks.col;
+            kr[u] = att_load(k_cache + at);
+            vr[u] = att_load(v_cache + at);
+        }
+    }
+    float s[UNROLL][ATT_HEADS_PER_BLOCK];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float x[ATT_VEC];
+        att_unpack(kr[u], x);
+#pragma unroll
+        for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) d = fmaf(st.q[j][i], x[i], d);
+            for (int o = ge.lpk >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            s[u][j] = ok[u] ? d : NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+        float mx = s[0][j];
+#pragma unroll
+        for (int u = 1; u < UNROLL; ++u) mx = fmaxf(mx, s[u][j]);
+        for (int o = ge.lpk; o < WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(st.m[j], mx);
+        if (m_new == NEG_INF) continue;  // no key yet (uniform over the warp)
+        const float corr = exp2f(st.m[j] - m_new);
+        st.l[j] *= corr;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] *= corr;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const float pw = exp2f(s[u][j] - m_new);
+            float x[ATT_VEC];
+            att_unpack(vr[u], x);
+            st.l[j] += pw;
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] = fmaf(pw, x[i], st.acc[j][i]);
+        }
+        st.m[j] = m_new;
+    }
+}
+
+// The block's shared memory for merging its warps.
+struct AttShared {
+    float acc[ATT_WARPS][ATT_HEADS_PER_BLOCK][ATT_MAX_HEAD_DIM];
+    float m[ATT_WARPS][ATT_HEADS_PER_BLOCK], l[ATT_WARPS][ATT_HEADS_PER_BLOCK];
+};
+
+// Merges a warp's key slots (one running max per warp: plain sums) into
+// shared memory; after the barrier, merges the warps and writes the `nh`
+// heads from h0 of row r: the output (one split) or split z's partial result.
+template <typename OUT>
+__device__ __forceinline__ void att_finish(AttLane& st, const AttGeom& ge, AttShared& sh, int nh, int h0, int r,
+                                           int dim, int head_dim, float out_scale, float* __restrict__ part,
+                                           OUT* __restrict__ out) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int z = blockIdx.z, splits = gridDim.z, heads = dim / head_dim;
+#pragma unroll
+    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+        for (int o = ge.lpk; o < WARP; o <<= 1) {
+            st.l[j] += __shfl_xor_sync(0xffffffffu, st.l[j], o);
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] += __shfl_xor_sync(0xffffffffu, st.acc[j][i], o);
+        }
+        if (ge.g == 0 && ge.has_chunk) {
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) sh.acc[w][j][ge.c * ATT_VEC + i] = st.acc[j][i];
+        }
+        if (lane == 0) {
+            sh.m[w][j] = st.m[j];
+            sh.l[w][j] = st.l[j];
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < nh * head_dim; t += ATT_THREADS) {
+        const int j = t / head_dim, e = t % head_dim;
+        float mm = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < ATT_WARPS; ++i) mm = fmaxf(mm, sh.m[i][j]);
+        float ll = 0.f, a = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_WARPS; ++i) {
+            // A warp that saw no key has m = -inf and l = 0: factor 0.
+            const float f = sh.l[i][j] > 0.f ? exp2f(sh.m[i][j] - mm) : 0.f;
+            ll += sh.l[i][j] * f;
+            a += sh.acc[i][j][e] * f;
+        }
+        const int h = h0 + j;
+        if (splits == 1) {
+            // No key in the window (only when one call writes more positions
+            // than the ring holds, which the host refuses): zeros, not 0/0.
+            store(out + (size_t)r * dim + (size_t)h * head_dim + e, ll > 0.f ? a * (out_scale / ll) : 0.f);
+        } else {
+            float* pp = part + (((size_t)r * heads + h) * splits + z) * (head_dim + 2);
+            pp[e] = a;
+            if (e == 0) {
+                pp[head_dim] = mm;
+                pp[head_dim + 1] = ll;
+            }
+        }
+    }
+}
+
 template <typename KV, typename OUT>
 __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
                                            const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
                                            int dim, int kv_dim, int head_dim, int capacity, int context,
                                            float qk_scale, float out_scale, float* __restrict__ part,
                                            OUT* __restrict__ out) {
-    __shared__ float s_acc[ATT_WARPS][ATT_HEADS_PER_BLOCK][ATT_MAX_HEAD_DIM];
-    __shared__ float s_m[ATT_WARPS][ATT_HEADS_PER_BLOCK], s_l[ATT_WARPS][ATT_HEADS_PER_BLOCK];
-    typedef typename AttRaw<KV>::T Raw;
-    constexpr int UNROLL = AttRaw<KV>::unroll;
+    __shared__ AttShared sh;
     const int rep = dim / kv_dim, hblocks = (rep + ATT_HEADS_PER_BLOCK - 1) / ATT_HEADS_PER_BLOCK;
     const int kvh = blockIdx.x / hblocks, h0 = kvh * rep + (blockIdx.x % hblocks) * ATT_HEADS_PER_BLOCK;
     const int nh = min(ATT_HEADS_PER_BLOCK, kvh * rep + rep - h0);
     const int r = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int heads = dim / head_dim, stride = head_dim + 2;
     const RowInfo ri = rows[r];
     if (!ri.active) {
         if (splits == 1) {
@@ -232,130 +384,32 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const 
     // This split's keys: positions [k0, k1).
     const int start = att_window_start(ri, context, capacity);
     const int n = max(ri.pos + 1 - start, 0), per = (n + splits - 1) / splits;
-    const int k0 = start + z * per, k1 = min(k0 + per, ri.pos + 1);
-    // Lanes per key (a power of two), this lane's key slot and chunk.
-    const int chunks = head_dim / ATT_VEC;
-    int lpk = 1;
-    while (lpk < chunks) lpk <<= 1;
-    const int groups = WARP / lpk, g = lane / lpk, c = lane % lpk;
-    const bool has_chunk = c < chunks;
-    float q[ATT_HEADS_PER_BLOCK][ATT_VEC], acc[ATT_HEADS_PER_BLOCK][ATT_VEC];
-    float m[ATT_HEADS_PER_BLOCK], l[ATT_HEADS_PER_BLOCK];
+    AttKeys ks;
+    ks.k0 = start + z * per;
+    ks.k1 = min(ks.k0 + per, ri.pos + 1);
+    ks.ring0 = ks.k0 % capacity;
+    ks.capacity = capacity;
+    ks.kv_dim = kv_dim;
+    const AttGeom ge = att_geom(head_dim, threadIdx.x & 31);
+    ks.row0 = (size_t)ri.kv * capacity;
+    ks.col = (size_t)kvh * head_dim + (size_t)ge.c * ATT_VEC;
+    AttLane st;
     const float* qrow = qkv + (size_t)r * (dim + 2 * kv_dim);
 #pragma unroll
     for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
-        m[j] = NEG_INF;
-        l[j] = 0.f;
+        st.m[j] = NEG_INF;
+        st.l[j] = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_VEC; ++i) {
-            const bool ok = j < nh && has_chunk;
-            q[j][i] = ok ? qrow[(size_t)(h0 + j) * head_dim + c * ATT_VEC + i] * qk_scale : 0.f;
-            acc[j][i] = 0.f;
+            const bool mine = j < nh && ge.has_chunk;
+            st.q[j][i] = mine ? qrow[(size_t)(h0 + j) * head_dim + ge.c * ATT_VEC + i] * qk_scale : 0.f;
+            st.acc[j][i] = 0.f;
         }
     }
-    const size_t row0 = (size_t)ri.kv * capacity, col = (size_t)kvh * head_dim + (size_t)c * ATT_VEC;
-    const int ring0 = k0 % capacity;
-    const int per_round = ATT_WARPS * groups * UNROLL;
-    for (int base = k0 + w * groups * UNROLL; base < k1; base += per_round) {
-        Raw kr[UNROLL], vr[UNROLL];
-        bool ok[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int p = base + u * groups + g;
-            ok[u] = p < k1;
-            kr[u] = att_zero(k_cache);
-            vr[u] = att_zero(v_cache);
-            if (ok[u] && has_chunk) {
-                int idx = ring0 + (p - k0);
-                if (idx >= capacity) idx -= capacity;
-                const size_t at = (row0 + (size_t)idx) * kv_dim + col;
-                kr[u] = att_load(k_cache + at);
-                vr[u] = att_load(v_cache + at);
-            }
-        }
-        float s[UNROLL][ATT_HEADS_PER_BLOCK];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float x[ATT_VEC];
-            att_unpack(kr[u], x);
-#pragma unroll
-            for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
-                float d = 0.f;
-#pragma unroll
-                for (int i = 0; i < ATT_VEC; ++i) d = fmaf(q[j][i], x[i], d);
-                for (int o = lpk >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[u][j] = ok[u] ? d : NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
-            float mx = s[0][j];
-#pragma unroll
-            for (int u = 1; u < UNROLL; ++u) mx = fmaxf(mx, s[u][j]);
-            for (int o = lpk; o < WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_new = fmaxf(m[j], mx);
-            if (m_new == NEG_INF) continue;  // no key yet (uniform over the warp)
-            const float corr = exp2f(m[j] - m_new);
-            l[j] *= corr;
-#pragma unroll
-            for (int i = 0; i < ATT_VEC; ++i) acc[j][i] *= corr;
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const float pw = exp2f(s[u][j] - m_new);
-                float x[ATT_VEC];
-                att_unpack(vr[u], x);
-                l[j] += pw;
-#pragma unroll
-                for (int i = 0; i < ATT_VEC; ++i) acc[j][i] = fmaf(pw, x[i], acc[j][i]);
-            }
-            m[j] = m_new;
-        }
-    }
-    // Merge the warp's key slots (one running max per warp: plain sums).
-#pragma unroll
-    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
-        for (int o = lpk; o < WARP; o <<= 1) {
-            l[j] += __shfl_xor_sync(0xffffffffu, l[j], o);
-#pragma unroll
-            for (int i = 0; i < ATT_VEC; ++i) acc[j][i] += __shfl_xor_sync(0xffffffffu, acc[j][i], o);
-        }
-        if (g == 0 && has_chunk) {
-#pragma unroll
-            for (int i = 0; i < ATT_VEC; ++i) s_acc[w][j][c * ATT_VEC + i] = acc[j][i];
-        }
-        if (lane == 0) {
-            s_m[w][j] = m[j];
-            s_l[w][j] = l[j];
-        }
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < nh * head_dim; t += ATT_THREADS) {
-        const int j = t / head_dim, e = t % head_dim;
-        float mm = NEG_INF;
-#pragma unroll
-        for (int i = 0; i < ATT_WARPS; ++i) mm = fmaxf(mm, s_m[i][j]);
-        float ll = 0.f, a = 0.f;
-#pragma unroll
-        for (int i = 0; i < ATT_WARPS; ++i) {
-            // A warp that saw no key has m = -inf and l = 0: factor 0.
-            const float f = s_l[i][j] > 0.f ? exp2f(s_m[i][j] - mm) : 0.f;
-            ll += s_l[i][j] * f;
-            a += s_acc[i][j][e] * f;
-        }
-        const int h = h0 + j;
-        if (splits == 1) {
-            // No key in the window (only when one call writes more positions
-            // than the ring holds, which the host refuses): zeros, not 0/0.
-            store(out + (size_t)r * dim + (size_t)h * head_dim + e, ll > 0.f ? a * (out_scale / ll) : 0.f);
-        } else {
-            float* pp = part + (((size_t)r * heads + h) * splits + z) * stride;
-            pp[e] = a;
-            if (e == 0) {
-                pp[head_dim] = mm;
-                pp[head_dim + 1] = ll;
-            }
-        }
-    }
+    const int step = ge.groups * AttRaw<KV>::unroll, w = threadIdx.x >> 5;
+    for (int base = ks.k0 + w * step; base < ks.k1; base += ATT_WARPS * step)
+        att_round(k_cache, v_cache, ks, ge, base, st);
+    att_finish(st, ge, sh, nh, h0, r, dim, head_dim, out_scale, part, out);
 }
 
 // LM, bf16 cache, bf16 output (feeds the out-projection GEMM).

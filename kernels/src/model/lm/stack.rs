@@ -165,20 +165,8 @@ impl Stack {
                 v_cache: dev.alloc(kv_elems * kv.bytes())?,
             });
         }
-        // The attention's shape checks (head width) at load, and its
-        // partial results for the largest split call of up to `cache_rows`.
-        let attn = |rows| attn_shape(&shape, rows);
-        attn(1).head_dim()?;
         let sms = dev.multiprocessors();
-        let partial_floats = (1..=cache_rows.max(1))
-            .map(|r| attn_partial_floats(&attn(r), attn_splits(&attn(r), shape.context, sms)))
-            .max()
-            .unwrap_or(0);
-        let partial = if partial_floats > 0 {
-            scratch(dev, partial_floats, DType::F32)?
-        } else {
-            NULL
-        };
+        let partial = split_partials(dev, &shape, cache_rows, sms)?;
         let freqs = match shape.rope {
             Some(rope) => {
                 let hd = shape.head_dim();
@@ -286,4 +274,28 @@ fn attn_shape(sh: &StackShape, rows: usize) -> AttnShape {
         context: sh.context,
         rows,
     }
+}
+
+/// Checks the attention's shape (head width) at load and allocates the
+/// partial results of its largest split call of up to `max_rows` rows on a
+/// device of `sms` multiprocessors (NULL when no call splits).
+fn split_partials<D: Device + ?Sized>(
+    dev: &mut D,
+    shape: &StackShape,
+    max_rows: usize,
+    sms: usize,
+) -> Result<DevPtr, GpuError> {
+    attn_shape(shape, 1).head_dim()?;
+    let floats = (1..=max_rows.max(1))
+        .map(|r| {
+            let s = attn_shape(shape, r);
+            attn_partial_floats(&s, attn_splits(&s, shape.context, sms))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(if floats > 0 {
+        scratch(dev, floats, DType::F32)?
+    } else {
+        NULL
+    })
 }
