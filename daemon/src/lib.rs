@@ -4,6 +4,23 @@
 //! frames, pushes them through its lane to the engine thread, which steps
 //! every stream of a phase group as one batch and sends each output back to
 //! the stream's core, where it is encoded and sent.
+//!
+//! Layers, top to bottom; a module imports only from layers below its own
+//! (and, within a layer, without a circle):
+//!
+//! 1. start-up: `cli`, `runtime`, `agent`, `systemd`, `check_checkpoint`,
+//!    `client` (`moshid client`), `preflight`, `backend`;
+//! 2. [`api`]: the HTTP router and every control endpoint, `/metrics` and
+//!    `/capacity`, session events, the page;
+//! 3. [`transport`]: WebSocket chat, RTP, SIP, AudioSocket, Media Streams,
+//!    around the session core they share ([`transport::link`]);
+//! 4. the per-core session API: [`tls`], [`io`] (accept, connections,
+//!    mailboxes), [`events`], [`session`];
+//! 5. [`engine`];
+//! 6. [`config`] (every section and its validation);
+//! 7. leaves: [`codec`], [`telephony`], [`http`] parsing, [`metrics`]
+//!    counters, [`heap`], [`protocol`] (the WebSocket message kinds),
+//!    [`hub`], and the frame constants below.
 
 /// Samples per model frame (80 ms at 24 kHz).
 pub const FRAME_SAMPLES: usize = 1920;
@@ -13,13 +30,13 @@ pub const FRAME_MS: f64 = 80.0;
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
 pub mod agent;
+pub mod api;
 pub mod backend;
 pub mod check_checkpoint;
 pub mod cli;
 pub mod client;
 pub mod codec;
 pub mod config;
-pub mod config_keys;
 pub mod engine;
 pub mod events;
 pub mod heap;
@@ -28,11 +45,10 @@ pub mod hub;
 pub mod io;
 pub mod metrics;
 pub mod preflight;
-pub mod routes;
+pub mod protocol;
 pub mod runtime;
 pub mod session;
 pub mod systemd;
 pub mod telephony;
 pub mod tls;
 pub mod transport;
-pub mod web;
