@@ -12,5 +12,6 @@ pub mod metrics;
 pub mod model;
 pub mod page;
 pub mod router;
+pub mod routes;
 pub mod rtp;
 pub mod sip;

@@ -18,7 +18,7 @@
 //! [`PendingBudget`](crate::io::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
 //! `listen.head_timeout_ms`; after that it is never evicted. A request is
-//! routed only when [`crate::routes::ROUTES`] holds its method and path
+//! routed only when [`super::routes::ROUTES`] holds its method and path
 //! (404 or 405 otherwise), so that table is the list of endpoints. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
 //! one is configured (WebSocket upgrades may carry it as the `auth_id`
@@ -263,14 +263,14 @@ enum Route {
     MediaStream,
 }
 
-/// Answers 404 or 405 to a request [`crate::routes::ROUTES`] does not hold
+/// Answers 404 or 405 to a request [`super::routes::ROUTES`] does not hold
 /// (`false`); `true` when it holds it.
 async fn in_route_table(
     stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
 ) -> Result<bool, HttpError> {
-    use crate::routes::{resolve, Resolved, Switch};
+    use super::routes::{resolve, Resolved, Switch};
     let config = &app.shared.config;
     let on = |s: Switch| match s {
         Switch::MediaStreams => config.media_streams.enabled,

@@ -7,6 +7,7 @@
 //! typo cannot silently leave a default in place.
 
 pub mod events;
+pub mod keys;
 pub mod sip;
 
 use crate::engine::grouping::{MaxGroups, MAX_FIXED_GROUPS};
