@@ -29,6 +29,9 @@ pub const FRAME_MS: f64 = 80.0;
 /// The model's sample rate.
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
+// The telephony protocols resample to and from this rate.
+const _: () = assert!(moshid_telephony::MODEL_RATE_HZ == SAMPLE_RATE_HZ);
+
 pub mod agent;
 pub mod api;
 pub mod backend;
@@ -49,6 +52,5 @@ pub mod protocol;
 pub mod runtime;
 pub mod session;
 pub mod systemd;
-pub mod telephony;
 pub mod tls;
 pub mod transport;

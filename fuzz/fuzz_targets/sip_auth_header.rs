@@ -10,9 +10,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use moshid::transport::sip::auth::{Authenticator, Verdict};
-use moshid::transport::sip::auth_header::{self, DigestResponse};
+use moshid_telephony::sip::auth_header::{self, DigestResponse};
 use moshid::config::sip::SipAuthConfig;
-use moshid::transport::sip::message;
+use moshid_telephony::sip::message;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 

@@ -25,7 +25,7 @@ use crate::transport::sip::register::host_port;
 use crate::transport::sip::resolve::resolve;
 use crate::transport::sip::serve::current_wire;
 use crate::transport::sip::uac::{PlaceError, PlaceRequest};
-use crate::transport::sip::uri::SipUri;
+use moshid_telephony::sip::uri::SipUri;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

@@ -8,10 +8,11 @@
 //!  same => n,AudioSocket(40325ec2-5efd-4bd3-805f-53576e581d13,moshid-host:9092)
 //! ```
 //!
-//! Files: [`protocol`] (framing, kinds, error codes; pure), [`session`] (one
-//! call), [`line`](mod@line) (line audio ↔ model frames, the packet queue and the
-//! pacer) and [`link`] (the engine side) — the last two are shared with
-//! the Media Streams transport.
+//! Files: `moshid_telephony::audiosocket` (framing, kinds, error codes;
+//! pure), [`session`] (one call); [`crate::transport::line`] (line audio ↔
+//! model frames, the packet queue and the pacer) and
+//! [`crate::transport::link`] (the engine side) are shared with the Media
+//! Streams transport.
 //!
 //! Listening: with `audiosocket.enabled`, every I/O core binds
 //! `audiosocket.address` (`SO_REUSEPORT`: the kernel spreads calls over the
@@ -29,8 +30,6 @@
 //! (with an `0xff` error message); nothing per packet allocates (see
 //! [`session`]).
 
-pub mod line;
-pub mod protocol;
 pub mod session;
 
 use crate::io::accept::ConnTable;

@@ -32,11 +32,6 @@
 //! resampling of the model's frame and the payload encoding of its
 //! packets), `send` per packet written to the socket.
 
-use super::clock::ReleaseClock;
-use super::dtmf::DtmfDetector;
-use super::jitter::{JitterBuffer, JitterConfig, PacketKind};
-use super::packet;
-use super::sender::{Outbound, StreamStart};
 use super::state::{RtpCounters, RtpEvent, RtpGauges, SessionHandle};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
@@ -45,9 +40,15 @@ use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
-use crate::telephony::{CodecSpec, FrameResampler};
 use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 use glommio::net::UdpSocket;
+use moshid_telephony::rtp::clock::ReleaseClock;
+use moshid_telephony::rtp::dtmf::DtmfDetector;
+use moshid_telephony::rtp::jitter::{JitterBuffer, JitterConfig, PacketKind};
+use moshid_telephony::rtp::packet;
+use moshid_telephony::rtp::sender::{Outbound, StreamStart};
+use moshid_telephony::rtp::SessionSpec;
+use moshid_telephony::FrameResampler;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -65,21 +66,6 @@ const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most packets sent at once when the executor woke late; beyond, packet
 /// times are skipped.
 const MAX_SEND_CATCH_UP: u32 = 3;
-
-/// What a session was asked for.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionSpec {
-    /// The codec.
-    pub codec: CodecSpec,
-    /// Payload type of audio.
-    pub payload_type: u8,
-    /// Packet duration sent, in milliseconds.
-    pub ptime_ms: u32,
-    /// Payload type of RFC 4733 events.
-    pub dtmf_payload_type: Option<u8>,
-    /// Where to send, and the only IP accepted, when given.
-    pub remote: Option<SocketAddr>,
-}
 
 /// The session's audio path, made before admission.
 pub struct MediaPath {
@@ -161,7 +147,7 @@ fn report_dtmf(
     handle: &SessionHandle,
     count: &mut u64,
     events: Option<&mut EventSink>,
-    e: super::dtmf::DtmfEvent,
+    e: moshid_telephony::rtp::dtmf::DtmfEvent,
 ) {
     *count += 1;
     if let Some(events) = events {

@@ -14,7 +14,7 @@
 //! task's end); the event stream is registered before the session's id is
 //! handed out, so `/v1/sessions/{id}/events` works from the first answer.
 
-use super::session::{self, MediaPath, NewSession, SessionSpec};
+use super::session::{self, MediaPath, NewSession};
 use super::state::{SessionHandle, SessionInfo};
 use crate::engine::admission::Ticket;
 use crate::events::webhook::WebhookUrl;
@@ -24,6 +24,7 @@ use crate::io::mailbox::Mailbox;
 use crate::session::record::{EndReason, SessionRecord};
 use glommio::net::UdpSocket;
 use moshid_model::streaming::SessionParams;
+use moshid_telephony::rtp::SessionSpec;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;

@@ -38,13 +38,8 @@
 //! RTP session that ends ends its call (BYE).
 
 use super::auth::{Authenticator, Verdict};
-use super::build::{self, Ids, ALLOW};
 use super::call::{Call, CallState};
-use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
-use super::peer::{Peer, Transport};
-use super::sdp::{self, Negotiation};
-use super::transaction::{self, Backoff, Table, Timers};
 use crate::config::sip::SipConfig;
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
@@ -52,6 +47,11 @@ use crate::session::params::session_params;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
 use crate::transport::rtp::state::SessionState;
+use moshid_telephony::sip::build::{self, Ids, ALLOW};
+use moshid_telephony::sip::message::{self, Request};
+use moshid_telephony::sip::peer::{Peer, Transport};
+use moshid_telephony::sip::sdp::{self, Negotiation};
+use moshid_telephony::sip::transaction::{self, Backoff, Table, Timers};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -200,7 +200,7 @@ impl Endpoint {
     }
 
     /// Handles one message from `src`: a UDP datagram, or a message a TCP
-    /// connection's [`super::framing::Framer`] cut out.
+    /// connection's [`moshid_telephony::sip::framing::Framer`] cut out.
     pub fn on_message(&mut self, data: &[u8], src: Peer, now: Instant) {
         match message::parse_request(data) {
             Ok(Some(req)) => {
@@ -236,7 +236,7 @@ impl Endpoint {
     ) -> Option<Vec<u8>> {
         self.counters.malformed += 1;
         self.log_refusal(src, why);
-        let head = super::framing::without_content_length(head);
+        let head = moshid_telephony::sip::framing::without_content_length(head);
         let req = message::parse_request(&head).ok().flatten()?;
         if req.method == "ACK" {
             return None;
@@ -492,7 +492,7 @@ impl Endpoint {
     fn on_invite(
         &mut self,
         req: Request,
-        uri: super::uri::SipUri,
+        uri: moshid_telephony::sip::uri::SipUri,
         key: &str,
         src: Peer,
         caller: Option<String>,

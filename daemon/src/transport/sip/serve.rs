@@ -16,11 +16,11 @@
 //! message for a connection that is gone is dropped and counted.
 
 use super::endpoint::Endpoint;
-use super::peer::{Peer, Transport};
 use crate::io::app::CoreApp;
 use crate::metrics::sip::SipPublished;
 use glommio::channels::local_channel::LocalSender;
 use glommio::net::{TcpListener, UdpSocket};
+use moshid_telephony::sip::peer::{Peer, Transport};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -27,8 +27,6 @@
 //! stream; answers leave in the order the endpoint made them; nothing a
 //! connection sends reaches another connection's calls or the UDP ones.
 
-use super::framing::{Frame, FrameError, Framer, PONG};
-use super::peer::Peer;
 use super::serve::Wire;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
@@ -37,6 +35,8 @@ use crate::io::pending::{Pending, PendingEnd};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver};
 use glommio::net::{TcpListener, TcpStream};
+use moshid_telephony::sip::framing::{Frame, FrameError, Framer, PONG};
+use moshid_telephony::sip::peer::Peer;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};

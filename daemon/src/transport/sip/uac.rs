@@ -31,20 +31,20 @@
 //! ([`OutboundCall::finished`]) and leaves the live table; attempts per
 //! core are bounded with the dialogs (`sip.max_dialogs`).
 
-use super::build::{self, InDialog, ALLOW};
 use super::call::{Call, CallState};
 use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
-use super::message::{self, Message};
-use super::peer::Peer;
-use super::sdp;
 use super::status::OutboundCall;
-use super::transaction::Backoff;
 use crate::events::webhook::WebhookUrl;
 use crate::session::record::EndReason;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, Reservation, StartError};
 use moshid_model::streaming::SessionParams;
+use moshid_telephony::sip::build::{self, InDialog, ALLOW};
+use moshid_telephony::sip::message::{self, Message};
+use moshid_telephony::sip::peer::Peer;
+use moshid_telephony::sip::sdp;
+use moshid_telephony::sip::transaction::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
