@@ -340,7 +340,7 @@ async fn create(
         "ptime_ms": spec.ptime_ms,
         "dtmf_payload_type": spec.dtmf_payload_type,
         "events": format!("{SESSIONS_PATH}/{id}/events"),
-        "event_stream": format!("{}/{id}/events", super::events::SESSIONS_PATH),
+        "event_stream": format!("{}/{id}/events", crate::events::SESSIONS_PATH),
         "event_log_capacity": EVENT_LOG_CAPACITY,
     });
     http::write_json(stream, 201, &body).await
