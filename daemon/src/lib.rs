@@ -34,6 +34,7 @@ const _: () = assert!(moshid_telephony::MODEL_RATE_HZ == SAMPLE_RATE_HZ);
 
 pub mod agent;
 pub mod api;
+pub mod app;
 pub mod backend;
 pub mod check_checkpoint;
 pub mod cli;

@@ -11,10 +11,10 @@
 //! every thread before returning.
 
 use crate::api::router::accept_loop;
+use crate::app::{CoreApp, Shared};
 use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
-use crate::io::app::{CoreApp, Shared};
 use crate::io::core::{dispatch_loop, CoreContext};
 use crate::session::params::ModelInfo;
 use anyhow::{anyhow, bail, Context, Result};

@@ -16,8 +16,8 @@
 //!   `Cache-Control: no-cache` (a new daemon's page is never mixed with an
 //!   old one's cached modules).
 
+use crate::app::CoreApp;
 use crate::http::{self, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use futures_lite::AsyncWrite;
 
 /// One embedded file.

@@ -25,10 +25,10 @@
 //! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
 //! at run time (unless `metrics.runtime_switch` is false).
 
+use crate::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::transport::ws_chat;

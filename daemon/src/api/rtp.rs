@@ -21,9 +21,9 @@
 //! Errors are JSON `{"error": …}` naming the field at fault (400), the
 //! session (404), or why no session can be made now (503).
 
+use crate::app::CoreApp;
 use crate::events::webhook::WebhookUrl;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::session::params::session_params;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
@@ -182,7 +182,7 @@ impl CreateRequest {
 /// Shared by the control calls that start sessions; the error names the
 /// field (a 400).
 pub fn session_of(
-    shared: &crate::io::app::Shared,
+    shared: &crate::app::Shared,
     pairs: &[(String, String)],
     webhook_url: Option<&str>,
 ) -> Result<(SessionParams, Option<WebhookUrl>), String> {

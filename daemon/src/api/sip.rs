@@ -18,8 +18,8 @@
 //! * `GET /v1/sip/registrations` — each `sip.registrations` entry's state.
 
 use super::rtp::{param_pairs, session_of};
+use crate::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::transport::sip::register::host_port;
 use crate::transport::sip::resolve::resolve;

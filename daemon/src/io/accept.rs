@@ -12,8 +12,8 @@
 //! `/metrics`) and logged at most once per [`CONNECTION_LOG_PERIOD`].
 
 use super::accept_pace::AcceptPace;
-use super::app::CoreApp;
 use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
+use crate::app::CoreApp;
 use crate::metrics::connections::{bump, set, ListenerCounters};
 use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};

@@ -32,9 +32,9 @@
 
 pub mod session;
 
+use crate::app::CoreApp;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use glommio::net::TcpListener;
 use std::net::IpAddr;
 
@@ -47,7 +47,7 @@ pub fn peer_allowed(allowed: &[IpAddr], ip: IpAddr) -> bool {
 
 /// Checks `audiosocket.params` against the model at start, so that a bad
 /// parameter stops the daemon instead of failing every call.
-pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
+pub fn check_params(shared: &crate::app::Shared) -> Result<(), String> {
     let cfg = &shared.config;
     let pairs: Vec<(String, String)> = cfg
         .audiosocket

@@ -33,8 +33,8 @@
 //!   audio message (line decoding, resampling, frames to the lane),
 //!   `encode` per model frame (in the link), `send` per packet written.
 
+use crate::app::CoreApp;
 use crate::events::SessionState;
-use crate::io::app::CoreApp;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::Stage;
 use crate::session::params::session_params;

@@ -40,8 +40,8 @@
 //! resampling, frames to the lane), `encode` per model frame (in the
 //! link), `send` per `media` event sent.
 
+use crate::app::CoreApp;
 use crate::events::SessionState;
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::Stage;

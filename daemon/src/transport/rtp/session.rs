@@ -33,10 +33,10 @@
 //! packets), `send` per packet written to the socket.
 
 use super::state::{RtpCounters, RtpEvent, RtpGauges, SessionHandle};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};

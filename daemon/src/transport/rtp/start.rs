@@ -16,10 +16,10 @@
 
 use super::session::{self, MediaPath, NewSession};
 use super::state::{SessionHandle, SessionInfo};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::events::webhook::WebhookUrl;
 use crate::events::EventSink;
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::session::record::{EndReason, SessionRecord};
 use glommio::net::UdpSocket;

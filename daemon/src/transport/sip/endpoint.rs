@@ -40,8 +40,8 @@
 use super::auth::{Authenticator, Verdict};
 use super::call::{Call, CallState};
 use super::params::{pairs_for, ParamsError};
+use crate::app::CoreApp;
 use crate::config::sip::SipConfig;
-use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
 use crate::metrics::sip::SipCounters;
 use crate::session::params::session_params;

@@ -48,7 +48,7 @@ pub mod udp;
 /// Checks `sip.params` and every `sip.users` entry against the model at
 /// start, so that a bad parameter stops the daemon instead of failing
 /// every call.
-pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
+pub fn check_params(shared: &crate::app::Shared) -> Result<(), String> {
     let cfg = &shared.config;
     let check = |key: String, map: &std::collections::BTreeMap<String, String>| {
         let pairs: Vec<(String, String)> = cfg

@@ -21,8 +21,8 @@
 use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
 use super::status::RegistrationStatus;
+use crate::app::CoreApp;
 use crate::config::sip::SipRegistrationConfig;
-use crate::io::app::CoreApp;
 use moshid_telephony::sip::build::{self, InDialog};
 use moshid_telephony::sip::message::Message;
 use moshid_telephony::sip::peer::Peer;

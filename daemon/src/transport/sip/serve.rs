@@ -16,7 +16,7 @@
 //! message for a connection that is gone is dropped and counted.
 
 use super::endpoint::Endpoint;
-use crate::io::app::CoreApp;
+use crate::app::CoreApp;
 use crate::metrics::sip::SipPublished;
 use glommio::channels::local_channel::LocalSender;
 use glommio::net::{TcpListener, UdpSocket};

@@ -28,9 +28,9 @@
 //! connection sends reaches another connection's calls or the UDP ones.
 
 use super::serve::Wire;
+use crate::app::CoreApp;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use crate::io::pending::{Pending, PendingEnd};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver};

@@ -4,9 +4,9 @@
 //! Invariants: one `CoreApp` per executor, made once at start; everything in
 //! it is read-only after start except the core context's own cells.
 
-use super::core::CoreContext;
-use super::pending::{PendingBudget, PendingLimits};
 use crate::config::Config;
+use crate::io::core::CoreContext;
+use crate::io::pending::{PendingBudget, PendingLimits};
 use crate::metrics::connections::PendingCounters;
 use crate::session::params::ModelInfo;
 use moshid_model::spm::PieceTable;
