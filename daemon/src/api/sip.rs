@@ -93,11 +93,12 @@ pub fn check_to(to: &str) -> Result<(String, u16), String> {
 pub async fn handle(
     stream: &mut Conn,
     app: &CoreApp,
+    api: &super::ApiShared,
     head: &RequestHead,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
 ) -> Result<(), HttpError> {
-    let sip = &app.shared.sip;
+    let sip = &api.sip;
     if head.path == REGISTRATIONS_PATH {
         if head.method != "GET" {
             return http::write_error(stream, 405, "method not allowed").await;

@@ -67,7 +67,7 @@ pub fn check_params(shared: &crate::app::Shared) -> Result<(), String> {
 /// message has come.
 pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let cfg = &app.shared.config.audiosocket;
-    let table = ConnTable::register(&app, "audiosocket", cfg.max_connections_per_core, 0);
+    let table = ConnTable::register(&app.ctx, "audiosocket", cfg.max_connections_per_core, 0);
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {

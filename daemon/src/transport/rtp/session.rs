@@ -32,7 +32,7 @@
 //! resampling of the model's frame and the payload encoding of its
 //! packets), `send` per packet written to the socket.
 
-use super::state::{RtpCounters, RtpEvent, RtpGauges, SessionHandle};
+use super::state::{Registry, RtpCounters, RtpEvent, RtpGauges, SessionHandle};
 use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
@@ -266,6 +266,7 @@ struct ClockCounters {
 
 struct Session {
     app: CoreApp,
+    registry: Arc<Registry>,
     handle: Arc<SessionHandle>,
     spec: SessionSpec,
     socket: Rc<UdpSocket>,
@@ -315,6 +316,8 @@ pub struct NewSession {
     pub mailbox: Rc<Mailbox>,
     /// The session's record.
     pub rec: SessionRecord,
+    /// The registry the session is listed in (left at its end).
+    pub registry: Arc<Registry>,
 }
 
 /// Runs a session to its end.
@@ -327,6 +330,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
         ticket,
         mailbox,
         rec,
+        registry,
     } = new;
     let now = Instant::now();
     let events = handle.take_events().unwrap_or_else(|| {
@@ -366,6 +370,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
     // The release ring holds every frame that may be in flight.
     let app_in_flight = app.shared.config.session.max_frames_in_flight.max(1);
     let mut s = Session {
+        registry,
         app,
         handle,
         spec,
@@ -770,7 +775,7 @@ impl Session {
         let (c, _) = self.counters();
         self.handle
             .set_ended(serde_json::json!({ "record": self.rec, "counters": c }));
-        self.app.shared.rtp.remove(&self.handle.id);
+        self.registry.remove(&self.handle.id);
         self.app.ctx.end_session(self.ticket);
         self.rec.log();
         eprintln!(

@@ -40,6 +40,7 @@
 use super::auth::{Authenticator, Verdict};
 use super::call::{Call, CallState};
 use super::params::{pairs_for, ParamsError};
+use super::status::SipShared;
 use crate::app::CoreApp;
 use crate::config::sip::SipConfig;
 use crate::io::log_gate::LogGate;
@@ -47,7 +48,7 @@ use crate::metrics::sip::SipCounters;
 use crate::session::params::session_params;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
-use crate::transport::rtp::state::SessionState;
+use crate::transport::rtp::state::{Registry, SessionState};
 use moshid_telephony::sip::build::{self, Ids, ALLOW};
 use moshid_telephony::sip::message::{self, Request};
 use moshid_telephony::sip::peer::{Peer, Transport};
@@ -55,6 +56,7 @@ use moshid_telephony::sip::sdp::{self, Negotiation};
 use moshid_telephony::sip::transaction::{self, Backoff, Table, Timers};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Digest authentication on this core.
@@ -72,6 +74,12 @@ enum AuthState {
 /// [`super::uac`], its registrations in [`super::register`].
 pub struct Endpoint {
     pub(super) app: CoreApp,
+    /// The RTP sessions its calls run on (every core's endpoint and the
+    /// control API share the registry).
+    pub(super) rtp: Arc<Registry>,
+    /// The status of the calls moshid places and of its registrations, as
+    /// the control API sees them.
+    pub(super) sip: Arc<SipShared>,
     /// The SIP address (Via and Contact of what moshid sends).
     local: SocketAddr,
     /// The outbound socket's address.
@@ -98,7 +106,13 @@ fn cfg(app: &CoreApp) -> &SipConfig {
 impl Endpoint {
     /// An endpoint for `local` on this core, sending what it starts from
     /// `out_local`.
-    pub fn new(app: CoreApp, local: SocketAddr, out_local: SocketAddr) -> Endpoint {
+    pub fn new(
+        app: CoreApp,
+        rtp: Arc<Registry>,
+        sip: Arc<SipShared>,
+        local: SocketAddr,
+        out_local: SocketAddr,
+    ) -> Endpoint {
         let c = cfg(&app);
         let timers = Timers {
             t1: Duration::from_millis(c.t1_ms),
@@ -115,12 +129,14 @@ impl Endpoint {
             },
         };
         let registrations = if app.ctx.core == 0 {
-            super::register::Registration::all(&app, Instant::now())
+            super::register::Registration::all(&app, &sip, Instant::now())
         } else {
             Vec::new()
         };
         Endpoint {
             app,
+            rtp,
+            sip,
             local,
             out_local,
             timers,
@@ -526,6 +542,7 @@ impl Endpoint {
         let webhook = crate::events::webhook::default_for(&shared.config);
         let started = match start::start(
             &self.app,
+            &self.rtp,
             StartRequest {
                 spec,
                 params,
@@ -846,7 +863,7 @@ impl Endpoint {
             if let Some(status) = &call.outbound {
                 status.finished(None, why);
                 let keep = cfg(&self.app).outbound.keep_ended;
-                self.app.shared.sip.calls.retire(&status.id, keep);
+                self.sip.calls.retire(&status.id, keep);
             }
             eprintln!(
                 "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",

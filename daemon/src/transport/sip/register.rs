@@ -20,7 +20,7 @@
 
 use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
-use super::status::RegistrationStatus;
+use super::status::{RegistrationStatus, SipShared};
 use crate::app::CoreApp;
 use crate::config::sip::SipRegistrationConfig;
 use moshid_telephony::sip::build::{self, InDialog};
@@ -89,14 +89,14 @@ pub fn host_port(hostport: &str) -> Option<(String, u16)> {
 impl Registration {
     /// One per `sip.registrations` entry, each due at `now` (the config
     /// was checked at start, so every URI reads).
-    pub fn all(app: &CoreApp, now: Instant) -> Vec<Registration> {
+    pub fn all(app: &CoreApp, sip: &SipShared, now: Instant) -> Vec<Registration> {
         let mut ids = moshid_telephony::sip::build::Ids::new();
         app.shared
             .config
             .sip
             .registrations
             .iter()
-            .zip(&app.shared.sip.registrations)
+            .zip(&sip.registrations)
             .filter_map(|(cfg, status)| {
                 let uri = SipUri::parse(&cfg.registrar).ok()?;
                 let host = host_port(&uri.host)?;

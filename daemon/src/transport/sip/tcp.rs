@@ -83,7 +83,7 @@ impl End {
 /// Accepts SIP connections on this core until cancelled.
 pub async fn accept_loop(listener: TcpListener, wire: Rc<Wire>, app: CoreApp) {
     let cfg = &app.shared.config.sip;
-    let table = ConnTable::register(&app, "sip_tcp", cfg.max_tcp_connections, 0);
+    let table = ConnTable::register(&app.ctx, "sip_tcp", cfg.max_tcp_connections, 0);
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {
