@@ -11,12 +11,14 @@
 //! every thread before returning.
 
 use crate::api::router::accept_loop;
+use crate::api::ApiShared;
+use crate::app::{CoreApp, Shared};
 use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
-use crate::io::app::{CoreApp, Shared};
 use crate::io::core::{dispatch_loop, CoreContext};
 use crate::session::params::ModelInfo;
+use crate::transport::sip::status::SipShared;
 use anyhow::{anyhow, bail, Context, Result};
 use glommio::{LocalExecutorBuilder, Placement};
 use moshid_model::checkpoint::CheckpointDir;
@@ -301,10 +303,13 @@ pub fn run(
         })
         .context("starting the engine thread")?;
 
-    let mut shared = Shared::new(config.clone(), loaded.pieces, loaded.info);
-    shared.model = loaded.about;
-    shared.tls = tls;
-    let shared = Arc::new(shared);
+    let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
+    let api = Arc::new(ApiShared {
+        rtp: Arc::default(),
+        sip: Arc::new(SipShared::new(&config.sip)),
+        model: loaded.about,
+        tls,
+    });
     let lifecycle = Arc::new(AtomicU8::new(RUNNING));
     if config.audiosocket.enabled {
         crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
@@ -331,6 +336,7 @@ pub fn run(
             port,
             engine_shared.clone(),
             shared.clone(),
+            api.clone(),
             lifecycle.clone(),
             bound_tx.clone(),
         )?;
@@ -448,6 +454,7 @@ fn spawn_core(
     port: CorePort,
     engine: Arc<EngineShared>,
     shared: Arc<Shared>,
+    api: Arc<ApiShared>,
     lifecycle: Arc<AtomicU8>,
     bound: mpsc::Sender<Bound>,
 ) -> Result<glommio::ExecutorJoinHandle<()>> {
@@ -533,9 +540,11 @@ fn spawn_core(
                     out,
                     sip_tcp,
                     app.clone(),
+                    api.rtp.clone(),
+                    api.sip.clone(),
                 ))
             });
-            let acceptor = glommio::spawn_local(accept_loop(listener, app));
+            let acceptor = glommio::spawn_local(accept_loop(listener, app, api));
             let _ = bound.send(Ok((local, audiosocket_local, sip_local)));
             let mut acceptor = Some(acceptor);
             loop {

@@ -13,11 +13,11 @@
 //! stage metrics on (read once per batch of answers), each model frame's
 //! resampling and encoding into line packets is one `encode` sample.
 
-use super::audiosocket::line::{LineOut, PACKETS_PER_FRAME};
+use super::line::{LineOut, PACKETS_PER_FRAME};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::EventSink;
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};

@@ -39,11 +39,11 @@
 //!   handed out. A `webhook_url` query parameter names the session's own
 //!   webhook where `events.session_webhook_prefixes` allows it.
 
+use crate::app::CoreApp;
 use crate::codec::{DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::params::session_params;
