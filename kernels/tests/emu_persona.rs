@@ -42,6 +42,7 @@ fn prompt(
     Prompt {
         voice,
         text_tokens: text_prompt_tokens(&enc, stream["text_prompt"].as_str().unwrap()),
+        cache_key: None,
     }
 }
 
@@ -70,6 +71,7 @@ fn f32_sessions_match_the_official_code() {
         let fs = m.frame_samples();
         let greedy = SessionParams {
             gen: GenParams::greedy(),
+            ..SessionParams::default()
         };
         let mut batch = m.new_batch();
         // A slot owing its prompt does not step.

@@ -83,6 +83,9 @@ pub struct ModelConfig {
     pub allow_slow: bool,
     /// The CUDA backend's settings.
     pub cuda: CudaConfig,
+    /// The folder whose files sessions may name as `voice_prompt` (models
+    /// with prompts: PersonaPlex); `null`: voice prompts are refused.
+    pub voice_dir: Option<PathBuf>,
 }
 
 /// Slots of the CPU backend when `model.max_slots` is not given.
@@ -171,6 +174,7 @@ impl Default for ModelConfig {
             repo: None,
             allow_slow: false,
             cuda: CudaConfig::default(),
+            voice_dir: None,
         }
     }
 }
@@ -218,6 +222,11 @@ pub struct EngineConfig {
     pub queued_frames_per_slot: usize,
     /// Model steps per batch size during warm-up.
     pub warmup_steps: usize,
+    /// Frames of prompt prefill work (voice encodes, transformer positions)
+    /// the engine does per tick, before stepping the tick's streams.
+    pub prompt_frames_per_tick: usize,
+    /// Prefilled prompt states kept for reuse (one per voice and role text).
+    pub prompt_cache_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -227,6 +236,8 @@ impl Default for EngineConfig {
             budget_margin_ms: 10.0,
             queued_frames_per_slot: 4,
             warmup_steps: 3,
+            prompt_frames_per_tick: 8,
+            prompt_cache_entries: 16,
         }
     }
 }
@@ -426,6 +437,13 @@ pub struct GenDefaults {
     pub audio_topk: usize,
     /// Classifier-free guidance coefficient (models with conditioners).
     pub cfg_coef: f32,
+    /// Kyutai's `pad_mult`: the text padding probability is scaled by
+    /// `exp(pad_mult)` (0: off).
+    pub pad_mult: f32,
+    /// Kyutai's repetition penalty on text tokens (1: off).
+    pub repetition_penalty: f32,
+    /// Counted text tokens the penalty looks back over.
+    pub repetition_penalty_context: usize,
 }
 
 impl Default for GenDefaults {
@@ -436,6 +454,10 @@ impl Default for GenDefaults {
             audio_temperature: 0.8,
             audio_topk: 250,
             cfg_coef: 1.0,
+            pad_mult: 0.0,
+            repetition_penalty: 1.0,
+            repetition_penalty_context:
+                moshid_model::lm::text_rules::DEFAULT_REPETITION_CONTEXT,
         }
     }
 }
