@@ -456,8 +456,7 @@ impl Default for GenDefaults {
             cfg_coef: 1.0,
             pad_mult: 0.0,
             repetition_penalty: 1.0,
-            repetition_penalty_context:
-                moshid_model::lm::text_rules::DEFAULT_REPETITION_CONTEXT,
+            repetition_penalty_context: moshid_model::lm::text_rules::DEFAULT_REPETITION_CONTEXT,
         }
     }
 }

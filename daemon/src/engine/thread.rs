@@ -243,11 +243,8 @@ impl Engine {
 
     /// Bounds of the prompt work per tick and of the prompt cache.
     pub fn set_prompt_bounds(&mut self, cache_entries: usize, frames_per_tick: usize) {
-        self.prompts = super::prompts::Prompts::new(
-            self.slots.len(),
-            cache_entries,
-            frames_per_tick,
-        );
+        self.prompts =
+            super::prompts::Prompts::new(self.slots.len(), cache_entries, frames_per_tick);
     }
 
     /// Tick positions per frame period.
@@ -441,10 +438,10 @@ impl Engine {
         let plan = self.grouping.plan(&step_ms);
         let slots = &self.slots;
         let queued = |s: usize| if slots[s].open { slots[s].queue_len } else { 0 };
-        let mut count = self
-            .grouping
-            .select(position, late_ms, &queued, &step_ms, &mut self.batch.exec)
-            as u64;
+        let mut count =
+            self.grouping
+                .select(position, late_ms, &queued, &step_ms, &mut self.batch.exec)
+                as u64;
         // A slot still running its prompt keeps its frames queued.
         for (s, e) in self.batch.exec.iter_mut().enumerate() {
             if *e && self.prompts.running(s) {

@@ -228,11 +228,19 @@ mod tests {
         .unwrap();
         assert_eq!(p.gen.pad_mult, 1.5);
         assert_eq!(p.gen.repetition_penalty, Some((64, 1.3)));
-        let p = session_params(&pairs(&[("repetition_penalty", "2")]), &d, &ModelInfo::default())
-            .unwrap();
+        let p = session_params(
+            &pairs(&[("repetition_penalty", "2")]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
         assert_eq!(p.gen.repetition_penalty, Some((32, 2.0)));
-        let p = session_params(&pairs(&[("repetition_penalty", "1")]), &d, &ModelInfo::default())
-            .unwrap();
+        let p = session_params(
+            &pairs(&[("repetition_penalty", "1")]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
         assert_eq!(p.gen.repetition_penalty, None);
         for (k, v) in [
             ("pad_mult", "nan"),
@@ -268,6 +276,7 @@ mod tests {
             )],
             is_hibiki: true,
             drain_text_eos: Some(2),
+            prompts: None,
         }
     }
 

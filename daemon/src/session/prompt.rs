@@ -131,7 +131,8 @@ pub fn resolve(keys: &PromptKeys, setup: &PromptSetup) -> Result<Prompt, ParamEr
                 .as_deref()
                 .ok_or_else(|| err("voice_prompt", "no voice folder is configured"))?;
             let path = voice_path(dir, name)?;
-            let bytes = read_bounded(&path).map_err(|e| err("voice_prompt", format!("`{name}`: {e}")))?;
+            let bytes =
+                read_bounded(&path).map_err(|e| err("voice_prompt", format!("`{name}`: {e}")))?;
             let bad = |e: &dyn std::fmt::Display| err("voice_prompt", format!("`{name}`: {e}"));
             if name.ends_with(".pt") {
                 voice_from_pt(&bytes, &setup.lm).map_err(|e| bad(&e))?
@@ -214,11 +215,23 @@ mod tests {
         let p = resolve(&keys("voice_b.pt", ""), &s).unwrap();
         assert!(matches!(p.voice, VoiceInput::Replay(_)));
         assert!(p.text_tokens.is_empty());
-        for bad in ["../outside.pt", "..", "/etc/passwd", "sub/x.pt", ".hidden", "missing.pt", "noise.wav", "broken.pt"] {
+        for bad in [
+            "../outside.pt",
+            "..",
+            "/etc/passwd",
+            "sub/x.pt",
+            ".hidden",
+            "missing.pt",
+            "noise.wav",
+            "broken.pt",
+        ] {
             let e = resolve(&keys(bad, ""), &s).unwrap_err();
             assert_eq!(e.key, "voice_prompt", "{bad}");
             let msg = e.to_string();
-            assert!(!msg.contains(voices.to_str().unwrap()), "{bad}: the folder leaked: {msg}");
+            assert!(
+                !msg.contains(voices.to_str().unwrap()),
+                "{bad}: the folder leaked: {msg}"
+            );
         }
     }
 
@@ -228,7 +241,10 @@ mod tests {
         assert_eq!(prompt_keys(&q, false).unwrap_err().key, "text_prompt");
         let q = vec![("voice_prompt".to_string(), "a.pt".to_string())];
         assert_eq!(prompt_keys(&q, false).unwrap_err().key, "voice_prompt");
-        assert_eq!(prompt_keys(&q, true).unwrap().voice.as_deref(), Some("a.pt"));
+        assert_eq!(
+            prompt_keys(&q, true).unwrap().voice.as_deref(),
+            Some("a.pt")
+        );
         assert_eq!(prompt_keys(&[], false).unwrap(), PromptKeys::default());
     }
 }
