@@ -69,16 +69,26 @@ fn prompted_sessions_handshake_after_the_prompt_and_bad_names_are_refused() {
     let model = daemon.get_json("/v1/model");
     assert_eq!(model["model"]["type"], "personaplex", "{model}");
     assert_eq!(model["defaults"]["pad_mult"], 0.0, "{model}");
-    for query in [
+    for (i, query) in [
         "voice_prompt=voice_b.pt&text_prompt=you%20are%20nice",
         "voice_prompt=voice_a.wav&text_prompt=hello&pad_mult=0.5",
         // The same prompt again: its state comes from the cache.
         "voice_prompt=voice_b.pt&text_prompt=you%20are%20nice&repetition_penalty=1.2",
         // Neither key: the silence frames only (NVIDIA's server needs both).
         "seed=4",
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t = std::time::Instant::now();
         let mut ws = connect_ws(daemon.addr, query);
         let first = next_binary(&mut ws).expect("a first message");
+        // Session start (connect → handshake), for the notes: the first
+        // session runs its prompt, the third starts from the cache.
+        eprintln!(
+            "start {i} ({query}): {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
         assert_eq!(first, [kind::HANDSHAKE], "{query}: handshake first");
         let kinds = converse(&mut ws, 4);
         // PersonaPlex answers from the first frame on (the prompt filled its delay).

@@ -690,6 +690,18 @@ impl Config {
                 ),
             ));
         }
+        if e.prompt_frames_per_tick == 0 || e.prompt_frames_per_tick > 4096 {
+            return Err(invalid(
+                "engine.prompt_frames_per_tick",
+                "must be between 1 and 4096",
+            ));
+        }
+        if e.prompt_cache_entries > 4096 {
+            return Err(invalid(
+                "engine.prompt_cache_entries",
+                "must be at most 4096",
+            ));
+        }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {
             return Err(invalid(
                 "engine.queued_frames_per_slot",
@@ -883,6 +895,22 @@ impl Config {
         }
         if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
             return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
+        }
+        if !(-10.0..=10.0).contains(&d.pad_mult) {
+            return Err(invalid("defaults.pad_mult", "must be between -10 and 10"));
+        }
+        if !(0.1..=10.0).contains(&d.repetition_penalty) {
+            return Err(invalid(
+                "defaults.repetition_penalty",
+                "must be between 0.1 and 10",
+            ));
+        }
+        let max_ctx = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+        if d.repetition_penalty_context == 0 || d.repetition_penalty_context > max_ctx {
+            return Err(invalid(
+                "defaults.repetition_penalty_context",
+                format!("must be between 1 and {max_ctx}"),
+            ));
         }
         // `metrics.*` are two independent booleans: every combination is
         // usable (wrong types and unknown keys are refused by the parser,

@@ -39,6 +39,9 @@ pub struct Prompts {
     frames_per_tick: usize,
     /// Next slot to serve (round robin).
     next: usize,
+    /// Slots whose prompt ended in the last [`Prompts::advance`], and how
+    /// (`true`: ready); capacity `max_slots`, never grown.
+    finished: Vec<(usize, bool)>,
     /// Counters: prompts run, started from the cache.
     pub ran: u64,
     /// Prompts whose state came from the cache.
@@ -55,6 +58,7 @@ impl Prompts {
             max_entries,
             frames_per_tick: frames_per_tick.max(1),
             next: 0,
+            finished: Vec::with_capacity(max_slots),
             ran: 0,
             cache_hits: 0,
         }
@@ -104,13 +108,16 @@ impl Prompts {
         self.keys[slot] = None;
     }
 
-    /// Does this tick's prompt work; `done(slot, result)` is called for each
-    /// slot whose prompt finished (`Ok`) or failed (`Err`).
-    pub fn advance(
-        &mut self,
-        model: &mut dyn StreamingModel,
-        mut done: impl FnMut(usize, Result<(), ModelError>),
-    ) {
+    /// Slots whose prompt ended in the last [`Prompts::advance`] (`true`:
+    /// ready, `false`: failed).
+    pub fn finished(&self) -> &[(usize, bool)] {
+        &self.finished
+    }
+
+    /// Does this tick's prompt work; [`Prompts::finished`] then lists the
+    /// slots whose prompt ended.
+    pub fn advance(&mut self, model: &mut dyn StreamingModel) {
+        self.finished.clear();
         let n = self.running.len();
         let mut budget = self.frames_per_tick;
         for i in 0..n {
@@ -135,14 +142,14 @@ impl Prompts {
                             self.insert(key, snap);
                         }
                     }
-                    done(s, Ok(()));
+                    self.finished.push((s, true));
                     // Done in fewer frames than the budget: the rest is not
                     // counted (a prompt's last call may be short).
                     budget = budget.saturating_sub(1);
                 }
-                Err(e) => {
+                Err(_) => {
                     self.close(s);
-                    done(s, Err(e));
+                    self.finished.push((s, false));
                 }
             }
         }
@@ -192,10 +199,11 @@ mod tests {
             assert_eq!(p.open(&mut m, slot, &prompt(i)).unwrap(), Opened::Started);
             let mut ticks = 0;
             while p.running(slot) {
-                p.advance(&mut m, |s, r| {
-                    r.unwrap();
+                p.advance(&mut m);
+                for &(s, ok) in p.finished() {
+                    assert!(ok);
                     ready.push(s);
-                });
+                }
                 ticks += 1;
             }
             // 2 text frames + 12 silence frames: 13 positions, 5 per tick.

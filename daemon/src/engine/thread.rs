@@ -263,15 +263,10 @@ impl Engine {
     /// This tick's bounded prompt work; sessions whose prompt finished (or
     /// failed) are told.
     fn advance_prompts(&mut self) {
-        let mut finished: [(usize, bool); 8] = [(0, false); 8];
-        let mut n = 0;
-        self.prompts.advance(&mut *self.model, |s, r| {
-            if n < finished.len() {
-                finished[n] = (s, r.is_ok());
-                n += 1;
-            }
-        });
-        for &(s, ok) in &finished[..n] {
+        self.prompts.advance(&mut *self.model);
+        let n = self.prompts.finished().len();
+        for i in 0..n {
+            let (s, ok) = self.prompts.finished()[i];
             let st = self.slots[s];
             if !st.open {
                 continue;
