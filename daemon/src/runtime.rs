@@ -184,6 +184,22 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             moshid_model::lm::EndOfStream::DrainUntilText { text_eos_id, .. } => Some(text_eos_id),
             moshid_model::lm::EndOfStream::WithInput => None,
         },
+        prompts: if model.takes_prompts() {
+            let tok = dir
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| anyhow!("a model with prompts needs its tokenizer"))?;
+            let encoder = moshid_model::spm_encode::Encoder::from_file(tok)
+                .map_err(|e| anyhow!("{}: {e}", tok.display()))?;
+            Some(std::sync::Arc::new(crate::session::prompt::PromptSetup {
+                voice_dir: config.model.voice_dir.clone(),
+                encoder,
+                lm: dir.lm.clone(),
+                frame_samples: model.frame_samples(),
+            }))
+        } else {
+            None
+        },
     };
     let description = if demo {
         format!(
@@ -287,6 +303,10 @@ pub fn run(
         engine_shared.clone(),
         config.engine.queued_frames_per_slot,
         config.engine.warmup_steps,
+    );
+    engine.set_prompt_bounds(
+        config.engine.prompt_cache_entries,
+        config.engine.prompt_frames_per_tick,
     );
     if let Some(hook) = hooks.on_tick.take() {
         engine.set_tick_hook(hook);
