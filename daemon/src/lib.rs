@@ -27,6 +27,7 @@ pub mod hub;
 pub mod io;
 pub mod metrics;
 pub mod preflight;
+pub mod random_weights;
 pub mod runtime;
 pub mod session;
 pub mod systemd;

@@ -11,6 +11,7 @@ previous commit, with its own MANIFEST) when gpu-pack was given one.
 
 import os
 import shutil
+import signal
 import subprocess
 
 
@@ -77,3 +78,25 @@ def read_manifest(path):
 
 def cargo_available():
     return shutil.which("cargo") is not None
+
+
+def stop_leftovers(root):
+    """Kills what an earlier run cut short left running from this bundle (a
+    daemon or a bench holding GPU memory: they run in their own sessions,
+    which the lease's end of a command does not reach); returns their pids."""
+    root = os.path.realpath(root) + os.sep
+    killed = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            exe = os.path.realpath(os.readlink("/proc/%s/exe" % pid))
+        except OSError:
+            continue
+        if exe.startswith(root):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except OSError:
+                pass
+    return killed

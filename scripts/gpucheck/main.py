@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from . import checks, cuda_env, profile, serve
-from .bundle import Bundle, cargo_available
+from .bundle import Bundle, cargo_available, stop_leftovers
 from .runner import Runner
 from . import summary as summary_mod
 
@@ -35,7 +35,7 @@ class Settings:
     def __init__(self, env):
         self.budget = int(env.get("TIME_BUDGET", DEFAULT_BUDGET_S))
         self.rehearsal = env.get("REHEARSAL", "0") == "1"
-        self.steps = int(env.get("STEPS", 3 if self.rehearsal else 100))
+        self.steps = int(env.get("STEPS", 3 if self.rehearsal else 60))
         self.warmup = int(env.get("WARMUP", 1 if self.rehearsal else 10))
         self.use_bundle = env.get("USE_BUNDLE", "1") != "0"
         self.env_only = env.get("ENV_ONLY", "0") == "1"
@@ -53,6 +53,10 @@ class Settings:
         self.serve_backend = env.get("SERVE_BACKEND", "emu" if self.rehearsal else "cuda")
         self.serve_step_seconds = float(env.get("SERVE_STEP_SECONDS",
                                                 2.0 if self.rehearsal else serve.STEP_SECONDS))
+        self.bundle = env.get("GPU_BUNDLE", ".gpu-bundle")
+
+    def bundle_dir(self, repo):
+        return os.path.join(repo, self.bundle)
 
 
 def boxes(budget, override):
@@ -110,7 +114,7 @@ def _now():
 
 def get_bundle(r, s):
     """The bundle to run, made by gpu-pack when cargo is here and there is none."""
-    bundle = Bundle(os.path.join(r.repo, ".gpu-bundle"))
+    bundle = Bundle(s.bundle_dir(r.repo))
     if (not s.use_bundle or not bundle.present) and cargo_available():
         r.phase = "build"
         r.phase_end = r.clock() + 3600
@@ -121,7 +125,7 @@ def get_bundle(r, s):
 
 
 def run_phases(r, s):
-    bundle = Bundle(os.path.join(r.repo, ".gpu-bundle"))
+    bundle = Bundle(s.bundle_dir(r.repo))
     mode = "bundle" if (s.use_bundle and bundle.present) else "cargo"
     cuda, glibc = env_phase(r, s, bundle, mode)
     if s.env_only:
@@ -139,6 +143,11 @@ def run_phases(r, s):
         print(msg, flush=True)
         r.record("executables", "NOSTART", 0, "no bundle that starts here and no cargo to make one")
         return 1
+    # On the GPU machine only (a rehearsal's machine may be running others').
+    left = [] if s.rehearsal else stop_leftovers(bundle.root)
+    if left:
+        r.header.append("stopped %d process(es) an earlier run left (pids %s)"
+                        % (len(left), " ".join(map(str, left))))
     r.header.append("bundle: %s (here glibc %s)" % (bundle.describe(), glibc or "?"))
     baseline = Bundle(os.path.join(bundle.root, "baseline"))
     if baseline.present:

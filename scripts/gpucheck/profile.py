@@ -32,7 +32,7 @@ from . import summary
 # (model, KV type, batch sizes of this build, batch sizes of the
 # baseline, context), in order of value; each run time-boxed.
 PROFILE_RUNS = [
-    ("moshi7b", "bf16", [1, 8, 32, 64], [1, 64], 3000, 35),
+    ("moshi7b", "bf16", [1, 8, 32, 64], [1, 64], 3000, 40),
     ("moshi7b", "fp8", [64, 128], [64, 128], 3000, 30),
     ("hibiki2b", "bf16", [1, 64, 128], [], 1500, 25),
     ("hibiki-zero-3b", "bf16", [1, 64], [], 3000, 20),

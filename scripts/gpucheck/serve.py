@@ -297,11 +297,13 @@ def _f(v, digits=1):
 def daemon_config(path, cpus, kv, cache, rehearsal):
     """The daemon's config file: pinning, the KV cache, caches, metrics."""
     cfg = {
-        "model": {"cache_dir": os.path.join(cache, "model-cache")},
+        "model": {"cache_dir": os.path.join(cache, "model-cache"),
+                  "cuda": {"kv_cache": kv, "ptx_cache_dir": os.path.join(cache, "kernel-cache")}},
         "metrics": {"enabled": True},
     }
-    if not rehearsal:
-        cfg["model"]["cuda"] = {"kv_cache": kv, "ptx_cache_dir": os.path.join(cache, "kernel-cache")}
+    if rehearsal:
+        # The emulator steps far slower than real time: a few slots.
+        cfg["model"]["max_slots"] = 4
     if cpus:
         _, engine, io, _ = cpus
         cfg["runtime"] = {"io_cores": len(io), "io_cpus": io, "engine_cpu": engine}
@@ -397,7 +399,9 @@ def one_kv(r, bundle, s, cpus, kv, folder, share, serve, with_rtp):
                       "--pid", str(d.proc.pid), "--ramp", ",".join(str(n) for n in ramp),
                       "--step-seconds", str(s.serve_step_seconds), "--out", out,
                       "--idle-seconds", "2", "--floor-seconds", "5", "--drain-seconds", "2",
-                      "--connect-timeout", "10"], cpus and cpus[3])
+                      "--connect-timeout", "10"]
+                     # On the emulator every step misses: the whole ramp runs all the same.
+                     + (["--stop-on", "error"] if s.rehearsal else []), cpus and cpus[3])
         reserve = RTP_RESERVE_S if with_rtp else 0
         r.step("bench.log", "serve-%s-ramp" % kv, t_end - time.monotonic() - reserve, lg,
                note="loadgen --ramp %s --step-seconds %s" % (",".join(map(str, ramp)),

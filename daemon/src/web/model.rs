@@ -25,13 +25,17 @@ pub struct Conditioner {
 pub struct ModelDescription {
     /// A name for people: the Hugging Face repository when the folder is in
     /// the hub's cache layout (`models--ORG--NAME/snapshots/REV`), else the
-    /// folder's name; `demo` for the embedded demo checkpoint.
+    /// folder's name; `demo` for the embedded demo checkpoint, `random
+    /// weights: SHAPE` for random weights.
     pub name: String,
     /// `moshi` (dialogue) or `hibiki` (translation).
     #[serde(rename = "type")]
     pub model_type: &'static str,
     /// The embedded demo checkpoint (random weights: no speech, no meaning).
     pub demo: bool,
+    /// The shape served with random weights (`--random-weights`), if any:
+    /// no speech, no meaning; for measuring.
+    pub random_weights: Option<String>,
     /// The backend, as the start-up log describes it.
     pub backend: String,
     /// Streams the model serves at once.
@@ -64,6 +68,7 @@ impl ModelDescription {
             },
             model_type: if hibiki { "hibiki" } else { "moshi" },
             demo,
+            random_weights: None,
             backend: backend.to_string(),
             max_slots,
             sample_rate_hz: crate::SAMPLE_RATE_HZ,
