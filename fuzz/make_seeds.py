@@ -67,7 +67,7 @@ for name, req in requests.items():
     write("http_head", name, bytes([0]) + req)
     write("http_head", name + "-split", bytes([5]) + req)
 
-# config_json: the shipped examples and the README's defaults.
+# config_json: the shipped examples and the defaults of docs/configuration.md.
 write("config_json", "empty", b"{}")
 write("config_json", "example", open(os.path.join(ROOT, "systemd/moshid.example.json"), "rb").read())
 defaults = {

@@ -16,7 +16,8 @@
 //! comment naming its source:
 //! - `loaders.py`: the official `_lm_kwargs` (moshi 0.2.13,
 //!   `moshi/models/loaders.py`), the config of Moshi 7B;
-//! - `DESIGN.md`: the facts recorded in the project's design notes;
+//! - `DESIGN.md`: the facts recorded in the project's design notes
+//!   (docs/design.md, "Facts about the models");
 //! - `issue 14`: the shapes issue 14 lists from the published configs
 //!   (Hibiki-Zero 3B), and its copy of Hibiki 2B's published config
 //!   (context 1500);

@@ -12,7 +12,7 @@
 //!   transfer layout.
 
 mod error;
-mod io;
+pub(crate) mod io;
 pub mod lm;
 pub mod mimi;
 pub mod staging;

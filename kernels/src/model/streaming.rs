@@ -225,6 +225,29 @@ impl<D: Device> GpuModel<D> {
         &self.dev
     }
 
+    /// The device, mutably: for tools that wrap it (the profiler's mode and
+    /// collection). Work issued on it directly is not part of any step.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    /// Drops every bucket's captured graph, so that the next step of each
+    /// captures anew (the profiler captures its events with the graph).
+    /// The old graphs stay allocated on the device until it is dropped.
+    pub fn forget_graphs(&mut self) {
+        for p in &mut self.plans {
+            p.graph = None;
+        }
+    }
+
+    /// Nodes of the captured graph of the bucket that serves `n` active
+    /// slots, when captured and the device counts them.
+    pub fn graph_nodes(&self, n: usize) -> Option<usize> {
+        let b = bucket_for(&self.buckets, n)?;
+        let p = self.buckets.iter().position(|&x| x == b)?;
+        self.dev.graph_nodes(self.plans[p].graph?)
+    }
+
     /// The options it was built with.
     pub fn options(&self) -> &GpuOptions {
         &self.opts
@@ -344,6 +367,7 @@ impl<D: Device> GpuModel<D> {
             self.user_codes,
             self.nq,
         )?;
+        dev.phase(crate::device::Phase::LmSmall);
         self.k.embed.fill_flagged(
             dev,
             self.user_codes,
@@ -358,7 +382,9 @@ impl<D: Device> GpuModel<D> {
         let pcm_out = self.dev_out + l.pcm_out as u64;
         self.mimi
             .decode(dev, b, at(l.dec_steps), codes, 1 + self.dep_q, pcm_out)?;
-        dev.copy_to_host(&self.host_out, 0, self.dev_out, l.out_bytes)
+        dev.copy_to_host(&self.host_out, 0, self.dev_out, l.out_bytes)?;
+        dev.phase(crate::device::Phase::Other);
+        Ok(())
     }
 
     /// Runs bucket plan `p`: directly when graphs are off; with graphs, the

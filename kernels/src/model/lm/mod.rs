@@ -27,7 +27,7 @@ mod stack;
 use super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::GpuError;
 use crate::device::as_bytes;
-use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
+use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases, NULL};
 use crate::ops::attention::{AttnKernels, KvType};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
@@ -204,6 +204,7 @@ impl GpuLm {
             act,
             kv,
             cache_rows,
+            StackPhases::TEMPORAL,
         )?;
         let out_norm = w
             .tensor(dev, "out_norm.alpha", &[1, 1, dim], DType::F32, Init::Ones)?
@@ -383,6 +384,7 @@ impl GpuLm {
         let (dim, act) = (cfg.dim, self.act);
         let rows = bucket * self.rps;
         debug_assert!(rows <= self.max_rows);
+        dev.phase(Phase::LmSmall);
         k.embed.cache_in(
             dev,
             &self.tc,
@@ -408,6 +410,7 @@ impl GpuLm {
         )?;
         self.temporal
             .forward(dev, k, 0, rows, self.x, io.rows, &self.scratch)?;
+        dev.phase(Phase::LmSmall);
         k.norm.rms_norm(
             dev,
             self.x,
@@ -419,6 +422,7 @@ impl GpuLm {
             self.tout,
             act,
         )?;
+        dev.phase(Phase::LmHead);
         linear(
             dev,
             self.tout,
@@ -441,6 +445,7 @@ impl GpuLm {
             out: self.text,
             out_stride: 1,
         };
+        dev.phase(Phase::LmSample);
         k.sample.sample(dev, &text_args)?;
         self.depformer.run(
             dev,
@@ -453,6 +458,7 @@ impl GpuLm {
             self.audio,
             &self.scratch,
         )?;
+        dev.phase(Phase::LmSmall);
         k.embed.cache_out(
             dev,
             &self.tc,

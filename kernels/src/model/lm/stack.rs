@@ -16,7 +16,7 @@
 use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
+use crate::device::{DType, DevPtr, Device, DeviceResult, StackPhases, NULL};
 use crate::ops::attention::{AttnShape, KvType};
 pub use moshid_model::lm::StackShape;
 
@@ -74,13 +74,17 @@ pub struct Stack {
     kv: KvType,
     act: DType,
     kv_bytes: usize,
+    /// The profile's phases of this stack's calls.
+    phases: StackPhases,
 }
 
 impl Stack {
     /// Loads the stack under `prefix` (`transformer`, `depformer`) with the
     /// tensor names of the official checkpoints (split attention names, as
     /// the checkpoint reader presents them), weights and activations in
-    /// `act`, and KV caches of `kv` for `cache_rows` rows.
+    /// `act`, and KV caches of `kv` for `cache_rows` rows; its calls are
+    /// marked with `phases`.
+    #[allow(clippy::too_many_arguments)]
     pub fn load<D: Device + ?Sized>(
         dev: &mut D,
         w: &mut WeightLoader<'_>,
@@ -89,6 +93,7 @@ impl Stack {
         act: DType,
         kv: KvType,
         cache_rows: usize,
+        phases: StackPhases,
     ) -> Result<Stack, GpuError> {
         let (d, hid) = (shape.dim, shape.hidden);
         let mut layers = Vec::with_capacity(shape.layers);
@@ -174,6 +179,7 @@ impl Stack {
             freqs,
             kv,
             act,
+            phases,
         })
     }
 
@@ -211,11 +217,15 @@ impl Stack {
             context: sh.context,
             rows,
         };
+        let ph = self.phases;
         for layer in &self.layers {
             let w = &layer.sets[set];
+            dev.phase(ph.small);
             k.norm
                 .rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
+            dev.phase(ph.attn);
             k.attn.rope_kv_write(
                 dev,
                 self.kv,
@@ -237,11 +247,16 @@ impl Stack {
                 &attn_shape,
                 sc.attn,
             )?;
+            dev.phase(ph.gemm);
             linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
+            dev.phase(ph.small);
             k.norm
                 .rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
+            dev.phase(ph.small);
             k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
         }
         Ok(())

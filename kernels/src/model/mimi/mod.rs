@@ -37,7 +37,7 @@ mod transformer;
 mod weights;
 
 use super::GpuError;
-use crate::device::{DevPtr, Device, DeviceError, DeviceResult};
+use crate::device::{DevPtr, Device, DeviceError, DeviceResult, Phase};
 use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM};
 use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 use crate::ops::elementwise::EwKernels;
@@ -412,19 +412,23 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let fs = self.frame_samples;
+        dev.phase(Phase::MimiEncSeanet);
         let h = self
             .encoder
             .forward(dev, &k.conv, &k.ew, rows, fs, steps, pcm, None, sb)?;
+        dev.phase(Phase::MimiEncXfmr);
         self.encoder_transformer
             .forward(dev, k, rows, self.stride, steps, h, &self.tr_bufs)?;
         let latent = match &self.downsample {
             Some(d) => {
+                dev.phase(Phase::MimiEncSeanet);
                 let dst = if h == sb.a { sb.b } else { sb.a };
                 d.forward(dev, &k.conv, rows, self.stride, steps, h, dst)?;
                 dst
             }
             None => h,
         };
+        dev.phase(Phase::MimiEncRvq);
         self.quantizer.encode(
             dev,
             k,
@@ -456,6 +460,7 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let latent = sb.b;
+        dev.phase(Phase::MimiDecRvq);
         self.quantizer.decode(
             dev,
             k,
@@ -468,13 +473,16 @@ impl GpuMimi {
         )?;
         let x = match &self.upsample {
             Some(u) => {
+                dev.phase(Phase::MimiDecSeanet);
                 u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail)?;
                 sb.a
             }
             None => latent,
         };
+        dev.phase(Phase::MimiDecXfmr);
         self.decoder_transformer
             .forward(dev, k, rows, self.stride, steps, x, &self.tr_bufs)?;
+        dev.phase(Phase::MimiDecSeanet);
         let out = self.decoder.forward(
             dev,
             &k.conv,
