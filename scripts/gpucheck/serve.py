@@ -65,6 +65,25 @@ def ramp_for(slots, rehearsal):
     return steps
 
 
+# What a ramp step costs beyond its audio (connecting, draining, the idle
+# wait), and the ramp beyond its steps (idle CPU, the bare-Opus floor), in s.
+STEP_OVERHEAD_S = 4.0
+RAMP_OVERHEAD_S = 8.0
+
+
+def fit_ramp(ramp, seconds, step_seconds):
+    """The ramp cut to what `seconds` hold: loadgen writes its report only
+    at the end, so a ramp cut by its time limit would leave nothing. Keeps
+    the first and the last load and spreads the others evenly."""
+    fits = int((seconds - RAMP_OVERHEAD_S) // (step_seconds + STEP_OVERHEAD_S))
+    if fits >= len(ramp):
+        return list(ramp)
+    if fits <= 1:
+        return ramp[:1]
+    picks = sorted({round(i * (len(ramp) - 1) / (fits - 1)) for i in range(fits)})
+    return [ramp[i] for i in picks]
+
+
 def parse_ready(stderr_text):
     """The `<6>ready:` line's figures: slots, groups and predicted steps."""
     m = re.search(r"ready: (\d+) slots, (\S+) phase group\(s\), budget ([\d.]+) ms, predicted "
@@ -386,12 +405,13 @@ def one_kv(r, bundle, s, cpus, kv, folder, share, serve, with_rtp):
     run = {"kv": kv, "ready": ready}
     serve["runs"][kv] = run
     if d is None:
-        run["daemon_log_tail"] = []
         return
     out = os.path.join(kvdir, "loadgen")
     samples = []
     try:
-        ramp = ramp_for(ready["slots"] if ready else 1, s.rehearsal)
+        reserve = RTP_RESERVE_S if with_rtp else 0
+        ramp = fit_ramp(ramp_for(ready["slots"] if ready else 1, s.rehearsal),
+                        t_end - time.monotonic() - reserve, s.serve_step_seconds)
         run["ramp"] = ramp
         sampler = Sampler(kvdir, d.proc.pid, d.addr, gpu=not s.rehearsal)
         sampler.start()
@@ -402,7 +422,6 @@ def one_kv(r, bundle, s, cpus, kv, folder, share, serve, with_rtp):
                       "--connect-timeout", "10"]
                      # On the emulator every step misses: the whole ramp runs all the same.
                      + (["--stop-on", "error"] if s.rehearsal else []), cpus and cpus[3])
-        reserve = RTP_RESERVE_S if with_rtp else 0
         r.step("bench.log", "serve-%s-ramp" % kv, t_end - time.monotonic() - reserve, lg,
                note="loadgen --ramp %s --step-seconds %s" % (",".join(map(str, ramp)),
                                                               s.serve_step_seconds))

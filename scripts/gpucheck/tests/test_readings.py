@@ -136,6 +136,13 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(serve.ramp_for(1, False), [1])
         self.assertEqual(serve.ramp_for(8, True), [1, 2, 4])
 
+    def test_a_ramp_is_cut_to_its_time(self):
+        ramp = [1, 32, 64, 96, 128, 160]
+        self.assertEqual(serve.fit_ramp(ramp, 200, 8), ramp)
+        self.assertEqual(serve.fit_ramp(ramp, 8 + 4 * 12, 8), [1, 64, 96, 160])
+        self.assertEqual(serve.fit_ramp(ramp, 8 + 2 * 12, 8), [1, 160])
+        self.assertEqual(serve.fit_ramp(ramp, 10, 8), [1])
+
     def test_ready_line(self):
         err = ("<6>backend: cuda ...\n<6>ready: 75 slots, auto phase group(s), budget 75.0 ms, "
                "predicted step 36.10 ms at batch 1, 64.20 ms at batch 75; RANDOM WEIGHTS\n")
