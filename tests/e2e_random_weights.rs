@@ -30,7 +30,10 @@ fn serves_a_marked_conversation(backend: &str, slots: &str) {
     );
     let model = daemon.get_json("/v1/model");
     assert_eq!(model["model"]["random_weights"], "moshi-tiny", "{model:#}");
-    assert_eq!(model["model"]["name"], "random weights: moshi-tiny", "{model:#}");
+    assert_eq!(
+        model["model"]["name"], "random weights: moshi-tiny",
+        "{model:#}"
+    );
     assert!(
         model["model"]["backend"]
             .as_str()
@@ -115,5 +118,8 @@ fn an_unknown_shape_is_refused_naming_the_key_and_the_shapes() {
 fn random_weights_replace_a_checkpoint_not_join_one() {
     let (code, err) = refused(&["--random-weights", "moshi-tiny", "--model", "/nonexistent"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("--random-weights") && err.contains("--model"), "{err}");
+    assert!(
+        err.contains("--random-weights") && err.contains("--model"),
+        "{err}"
+    );
 }

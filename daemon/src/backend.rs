@@ -176,15 +176,12 @@ fn gpu_as<D: Device + 'static>(
     };
     let (model, weights) = match random_shape(config) {
         Some(shape) => (
-            GpuModel::random(
-                dev,
-                &dir.lm,
-                &dir.mimi,
-                crate::random_weights::SEED,
-                &opts,
-            )
-            .with_context(|| format!("generating the {} weights on the GPU", shape.name))?,
-            format!("random {precision:?} weights ({}) made on the device", shape.name),
+            GpuModel::random(dev, &dir.lm, &dir.mimi, crate::random_weights::SEED, &opts)
+                .with_context(|| format!("generating the {} weights on the GPU", shape.name))?,
+            format!(
+                "random {precision:?} weights ({}) made on the device",
+                shape.name
+            ),
         ),
         None => (
             GpuModel::load(dev, dir, &opts).with_context(|| {
@@ -284,7 +281,9 @@ mod tests {
         config.model.cuda.memory_reserve_mib = 1;
         let mut built = gpu(&config, &dir, EmuDevice::new()).unwrap();
         assert!(
-            built.description.contains("random Bf16 weights (moshi-tiny) made on the device"),
+            built
+                .description
+                .contains("random Bf16 weights (moshi-tiny) made on the device"),
             "{}",
             built.description
         );

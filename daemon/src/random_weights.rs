@@ -136,7 +136,9 @@ fn write_header_only(kname: &str, dir: &Path) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
     let sibling = |what: &str| -> PathBuf {
-        let name = dir.file_name().map_or_else(Default::default, |n| n.to_string_lossy());
+        let name = dir
+            .file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy());
         parent.join(format!(".{name}.{what}-{}", std::process::id()))
     };
     let tmp = sibling("tmp");
@@ -192,7 +194,10 @@ mod tests {
         assert_eq!(resolve("demo").unwrap().name, "moshi-tiny");
         assert!(!resolve("moshi-tiny").unwrap().full_size());
         let e = resolve("gpt-4").unwrap_err();
-        assert!(e.contains("gpt-4") && e.contains("moshi-7b, hibiki-2b"), "{e}");
+        assert!(
+            e.contains("gpt-4") && e.contains("moshi-7b, hibiki-2b"),
+            "{e}"
+        );
         for s in SHAPES.iter().filter(|s| s.full_size()) {
             let k = s.kernels_name.unwrap();
             assert!(moshid_kernels::shapes::lm_config(k).is_some(), "{k}");
@@ -221,6 +226,8 @@ mod tests {
     fn the_tiny_shape_is_the_demo_checkpoint() {
         let t = tempfile::tempdir().unwrap();
         let d = prepare(resolve("moshi-tiny").unwrap(), t.path()).unwrap();
-        assert!(d.dir.ends_with(format!("demo-v{}", moshid_model::demo::DEMO_VERSION)));
+        assert!(d
+            .dir
+            .ends_with(format!("demo-v{}", moshid_model::demo::DEMO_VERSION)));
     }
 }
