@@ -4,6 +4,24 @@
 //! frames, pushes them through its lane to the engine thread, which steps
 //! every stream of a phase group as one batch and sends each output back to
 //! the stream's core, where it is encoded and sent.
+//!
+//! Layers, top to bottom; a module imports only from layers below its own
+//! (and, within a layer, without a circle):
+//!
+//! 1. start-up: `cli`, `runtime`, `agent`, `systemd`, `check_checkpoint`,
+//!    `client` (`moshid client`), `preflight`, `backend`;
+//! 2. [`api`]: the HTTP router and every control endpoint, `/metrics` and
+//!    `/capacity`, session events, the page;
+//! 3. [`transport`]: WebSocket chat, RTP, SIP, AudioSocket, Media Streams,
+//!    around the session core they share ([`transport::link`]);
+//! 4. the per-core session API: [`tls`], [`io`] (accept, connections,
+//!    mailboxes), [`events`], [`session`];
+//! 5. [`engine`];
+//! 6. [`config`] (every section and its validation);
+//! 7. leaves: [`codec`], [`telephony`], [`http`] parsing, [`metrics`]
+//!    counters, [`heap`], [`protocol`] (the WebSocket message kinds),
+//!    [`hub`], [`random_weights`] (the shapes served with random weights;
+//!    it imports nothing of the daemon), and the frame constants below.
 
 /// Samples per model frame (80 ms at 24 kHz).
 pub const FRAME_SAMPLES: usize = 1920;
@@ -13,6 +31,7 @@ pub const FRAME_MS: f64 = 80.0;
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
 pub mod agent;
+pub mod api;
 pub mod backend;
 pub mod check_checkpoint;
 pub mod cli;
@@ -27,6 +46,7 @@ pub mod hub;
 pub mod io;
 pub mod metrics;
 pub mod preflight;
+pub mod protocol;
 pub mod random_weights;
 pub mod runtime;
 pub mod session;
@@ -34,4 +54,3 @@ pub mod systemd;
 pub mod telephony;
 pub mod tls;
 pub mod transport;
-pub mod web;

@@ -10,12 +10,12 @@
 //! up to the grace period, then closes the rest with a reason, and joins
 //! every thread before returning.
 
+use crate::api::router::accept_loop;
 use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
 use crate::io::app::{CoreApp, Shared};
 use crate::io::core::{dispatch_loop, CoreContext};
-use crate::io::listener::accept_loop;
 use crate::session::params::ModelInfo;
 use anyhow::{anyhow, bail, Context, Result};
 use glommio::{LocalExecutorBuilder, Placement};
@@ -110,7 +110,7 @@ pub struct LoadedModel {
     /// Where it came from (for the log).
     pub description: String,
     /// What `GET /v1/model` says of it.
-    pub about: crate::web::ModelDescription,
+    pub about: crate::api::model::ModelDescription,
 }
 
 /// The default cache folder for the demo checkpoint.
@@ -160,8 +160,12 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
         .with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
     let built = crate::backend::build(config, &dir, &cache)?;
     eprintln!("<6>backend: {}", built.description);
-    let mut about =
-        crate::web::ModelDescription::new(&dir, demo, &built.description, built.model.max_slots());
+    let mut about = crate::api::model::ModelDescription::new(
+        &dir,
+        demo,
+        &built.description,
+        built.model.max_slots(),
+    );
     if let Some(shape) = random {
         about.name = format!("random weights: {}", shape.name);
         about.random_weights = Some(shape.name.to_string());
@@ -491,7 +495,7 @@ fn spawn_core(
             // take that cost now, not in a session.
             glommio::timer::sleep(Duration::from_millis(1)).await;
             let backlog = shared.config.listen.backlog;
-            let listener = match crate::io::listener::bind(addr, backlog) {
+            let listener = match crate::io::accept::bind(addr, backlog) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = bound.send(Err(format!(
@@ -504,7 +508,7 @@ fn spawn_core(
             // AudioSocket: one more SO_REUSEPORT listener per core.
             let audiosocket = match audiosocket_addr {
                 None => None,
-                Some(a) => match crate::io::listener::bind(a, backlog) {
+                Some(a) => match crate::io::accept::bind(a, backlog) {
                     Ok(l) => Some(l),
                     Err(e) => {
                         let _ = bound.send(Err(format!(
@@ -541,7 +545,7 @@ fn spawn_core(
             // (port 0 resolved by the UDP bind).
             let sip_tcp = match sip_local {
                 Some(a) if shared.config.sip.max_tcp_connections > 0 => {
-                    match crate::io::listener::bind(a, backlog) {
+                    match crate::io::accept::bind(a, backlog) {
                         Ok(l) => Some(l),
                         Err(e) => {
                             let _ = bound.send(Err(format!(

@@ -11,7 +11,7 @@
 use libfuzzer_sys::fuzz_target;
 use moshid::transport::sip::auth::{Authenticator, Verdict};
 use moshid::transport::sip::auth_header::{self, DigestResponse};
-use moshid::transport::sip::config::SipAuthConfig;
+use moshid::config::sip::SipAuthConfig;
 use moshid::transport::sip::message;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;

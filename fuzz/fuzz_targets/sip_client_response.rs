@@ -13,7 +13,7 @@
 use libfuzzer_sys::fuzz_target;
 use moshid::transport::sip::auth_header::{self, DigestResponse};
 use moshid::transport::sip::client_auth;
-use moshid::transport::sip::config::SipClientCredentials;
+use moshid::config::sip::SipClientCredentials;
 use moshid::transport::sip::{message, register, sdp};
 
 const PREFS: [&str; 4] = ["opus", "PCMU", "PCMA", "L16"];

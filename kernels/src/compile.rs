@@ -132,16 +132,17 @@ pub const MODULES: &[KernelModule] = &[
             "conv1d_stream",
             "conv1d_replicate_pad",
             "conv1d_state_update",
-            "convtr1d_stream",
             "convtr1d_dw_stream",
             "convtr1d_state_update",
+            "conv_gemm",
+            "conv_gemm_reduce",
         ],
     },
     KernelModule {
         name: "quantizer",
         file: "quantizer.cu",
         source: include_str!("../cuda/quantizer.cu"),
-        kernels: &["rvq_encode", "rvq_decode"],
+        kernels: &["rvq_stage", "rvq_decode"],
     },
 ];
 

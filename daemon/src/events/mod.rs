@@ -28,15 +28,12 @@
 //!
 //! [`SessionRecord`]: crate::session::record::SessionRecord
 
-pub mod config;
 pub mod event;
 pub mod hub;
-pub mod metrics;
 pub mod relay;
 pub mod ring;
-pub mod sse;
 pub mod webhook;
 
-pub use config::EventsConfig;
+pub use crate::config::events::EventsConfig;
 pub use event::{Event, SessionState};
 pub use hub::{Channel, EventHub, EventSink, SubscribeError, Subscription};

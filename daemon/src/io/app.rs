@@ -29,7 +29,7 @@ pub struct Shared {
     /// Live RTP sessions (the control API reaches them from any core).
     pub rtp: crate::transport::rtp::Registry,
     /// The loaded model, described (`GET /v1/model`).
-    pub model: crate::web::ModelDescription,
+    pub model: crate::api::model::ModelDescription,
     /// The listener's TLS, when `listen.tls_cert_file` is set.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Every live session's events, and the webhooks.
@@ -56,7 +56,7 @@ impl Shared {
             model_info,
             next_session_id: AtomicU64::new(1),
             rtp: crate::transport::rtp::Registry::default(),
-            model: crate::web::ModelDescription::default(),
+            model: crate::api::model::ModelDescription::default(),
             tls: None,
         }
     }

@@ -30,13 +30,12 @@
 //! [`session`]).
 
 pub mod line;
-pub mod link;
 pub mod protocol;
 pub mod session;
 
+use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
-use crate::io::listener::ConnTable;
 use glommio::net::TcpListener;
 use std::net::IpAddr;
 

@@ -34,7 +34,6 @@
 //!   `encode` per model frame (in the link), `send` per packet written.
 
 use super::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
-use super::link::EngineLink;
 use super::protocol::{self, error_code, kind, Frame, FrameError, HEADER_BYTES};
 use crate::events::SessionState;
 use crate::io::app::CoreApp;
@@ -42,6 +41,7 @@ use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::link::EngineLink;
 use crate::FRAME_SAMPLES;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;

@@ -12,7 +12,7 @@
 //! Files: [`events`] (JSON in and out; pure) and [`session`] (one stream).
 //! The audio path, packet queue, pacer and engine link are the AudioSocket
 //! transport's ([`crate::transport::audiosocket::line`],
-//! [`crate::transport::audiosocket::link`]).
+//! [`crate::transport::link`]).
 //!
 //! Invariants: a connection never leaves the core that accepted it; a bad
 //! event (bad JSON, bad base64, `media` before `start`, an unknown event)

@@ -52,7 +52,7 @@ use crate::telephony::g711::Law;
 use crate::transport::audiosocket::line::{
     LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS,
 };
-use crate::transport::audiosocket::link::EngineLink;
+use crate::transport::link::EngineLink;
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use async_tungstenite::tungstenite::protocol::CloseFrame;

@@ -24,7 +24,6 @@
 
 pub mod clock;
 pub mod conceal;
-pub mod control;
 pub mod dtmf;
 pub mod jitter;
 pub mod packet;

@@ -21,10 +21,10 @@
 //! user). Only a correct response on a good nonce is [`Verdict::Caller`].
 
 use super::auth_header::{self, DigestResponse};
-use super::config::SipAuthConfig;
 use super::digest::{self, Algorithm};
 use super::message::Request;
 use super::nonce::Nonces;
+use crate::config::sip::SipAuthConfig;
 use std::time::{Duration, Instant};
 
 /// What a request's credentials earned it.

@@ -16,9 +16,9 @@
 //! naming why, so the request fails with that reason instead of looping.
 
 use super::auth_header;
-use super::config::SipClientCredentials;
 use super::digest::{self, Algorithm, Inputs};
 use super::message::Message;
+use crate::config::sip::SipClientCredentials;
 
 /// A challenge moshid can answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

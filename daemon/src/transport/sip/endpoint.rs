@@ -40,12 +40,12 @@
 use super::auth::{Authenticator, Verdict};
 use super::build::{self, Ids, ALLOW};
 use super::call::{Call, CallState};
-use super::config::SipConfig;
 use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
 use super::peer::{Peer, Transport};
 use super::sdp::{self, Negotiation};
 use super::transaction::{self, Backoff, Table, Timers};
+use crate::config::sip::SipConfig;
 use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
 use crate::session::params::session_params;

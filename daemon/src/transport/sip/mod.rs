@@ -50,8 +50,6 @@ pub mod auth_header;
 pub mod build;
 pub mod call;
 pub mod client_auth;
-pub mod config;
-pub mod control;
 pub mod digest;
 pub mod endpoint;
 pub mod framing;

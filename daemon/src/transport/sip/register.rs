@@ -20,13 +20,13 @@
 
 use super::build::{self, InDialog};
 use super::client_auth::{self, Challenge};
-use super::config::SipRegistrationConfig;
 use super::endpoint::Endpoint;
 use super::message::Message;
 use super::peer::Peer;
 use super::status::RegistrationStatus;
 use super::transaction::Backoff;
 use super::uri::SipUri;
+use crate::config::sip::SipRegistrationConfig;
 use crate::io::app::CoreApp;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -30,9 +30,9 @@
 use super::framing::{Frame, FrameError, Framer, PONG};
 use super::peer::Peer;
 use super::serve::Wire;
+use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
 use crate::io::app::CoreApp;
-use crate::io::listener::ConnTable;
 use crate::io::pending::{Pending, PendingEnd};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver};

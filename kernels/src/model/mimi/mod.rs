@@ -43,7 +43,7 @@ use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::norm::NormKernels;
 use crate::ops::rvq::RvqKernels;
-use conv::{GpuConv, GpuConvTr};
+use conv::{ConvAct, GpuConv, GpuConvTr};
 use moshid_model::config::MimiConfig;
 use moshid_model::weights::{TensorSpec, Weights};
 use rvq::{GpuRvq, RvqBufs};
@@ -299,13 +299,19 @@ impl GpuMimi {
             .tail_need(n)
             .max(m.decoder.tail_need(n))
             .max(m.upsample.as_ref().map_or(0, |u| u.tail_need(n)));
+        let part = m
+            .encoder
+            .part_need(n, fs)
+            .max(m.decoder.part_need(n, stride))
+            .max(m.downsample.as_ref().map_or(0, |d| d.part_need(n, stride)))
+            .max(m.upsample.as_ref().map_or(0, |u| u.part_need(n, 1)));
         let mut scratch = |n: usize| mem.floats(dev, Kind::Scratch, n);
         let seanet_bufs = SeanetBufs {
             a: scratch(act)?,
             b: scratch(act)?,
             t1: scratch(act)?,
-            t2: scratch(act)?,
             tail: scratch(tail)?,
+            part: scratch(part)?,
         };
         let [xn, qkv, att, proj, hidden, rows] = m.encoder_transformer.need(n * stride);
         let tr_bufs = TransformerBufs {
@@ -319,6 +325,7 @@ impl GpuMimi {
         };
         let rvq_bufs = RvqBufs {
             xq: scratch(m.quantizer.need(n))?,
+            part: scratch(m.quantizer.part_bytes(n).div_ceil(4))?,
         };
         let state_per_slot = m.encoder.state_bytes()
             + m.decoder.state_bytes()
@@ -423,7 +430,8 @@ impl GpuMimi {
             Some(d) => {
                 dev.phase(Phase::MimiEncSeanet);
                 let dst = if h == sb.a { sb.b } else { sb.a };
-                d.forward(dev, &k.conv, rows, self.stride, steps, h, dst)?;
+                let plain = ConvAct::plain(sb.part);
+                d.forward(dev, &k.conv, rows, self.stride, steps, h, dst, &plain)?;
                 dst
             }
             None => h,
@@ -474,7 +482,8 @@ impl GpuMimi {
         let x = match &self.upsample {
             Some(u) => {
                 dev.phase(Phase::MimiDecSeanet);
-                u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail)?;
+                let plain = ConvAct::plain(sb.part);
+                u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail, &plain)?;
                 sb.a
             }
             None => latent,

@@ -16,10 +16,6 @@
 //!   `Cache-Control: no-cache` (a new daemon's page is never mixed with an
 //!   old one's cached modules).
 
-mod model;
-
-pub use model::{Conditioner, ModelDescription};
-
 use crate::http::{self, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use futures_lite::AsyncWrite;

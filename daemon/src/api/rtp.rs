@@ -21,15 +21,15 @@
 //! Errors are JSON `{"error": …}` naming the field at fault (400), the
 //! session (404), or why no session can be made now (503).
 
-use super::session::SessionSpec;
-use super::start::{self, StartError, StartRequest};
-use super::state::{SessionState, EVENT_LOG_CAPACITY};
 use crate::events::webhook::WebhookUrl;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::session::params::session_params;
 use crate::telephony::{CodecKind, CodecSpec};
+use crate::transport::rtp::session::SessionSpec;
+use crate::transport::rtp::start::{self, StartError, StartRequest};
+use crate::transport::rtp::state::{SessionState, EVENT_LOG_CAPACITY};
 use moshid_model::streaming::SessionParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -340,7 +340,7 @@ async fn create(
         "ptime_ms": spec.ptime_ms,
         "dtmf_payload_type": spec.dtmf_payload_type,
         "events": format!("{SESSIONS_PATH}/{id}/events"),
-        "event_stream": format!("{}/{id}/events", crate::events::sse::SESSIONS_PATH),
+        "event_stream": format!("{}/{id}/events", super::events::SESSIONS_PATH),
         "event_log_capacity": EVENT_LOG_CAPACITY,
     });
     http::write_json(stream, 201, &body).await

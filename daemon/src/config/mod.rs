@@ -6,6 +6,9 @@
 //! refused. Unknown keys are refused (serde's `deny_unknown_fields`), so a
 //! typo cannot silently leave a default in place.
 
+pub mod events;
+pub mod sip;
+
 use crate::engine::grouping::{MaxGroups, MAX_FIXED_GROUPS};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -586,9 +589,9 @@ pub struct Config {
     /// Media Streams WebSocket transport.
     pub media_streams: MediaStreamsConfig,
     /// Live session events and webhooks.
-    pub events: crate::events::EventsConfig,
+    pub events: events::EventsConfig,
     /// The SIP endpoint.
-    pub sip: crate::transport::sip::config::SipConfig,
+    pub sip: sip::SipConfig,
 }
 
 impl Config {
@@ -854,10 +857,9 @@ impl Config {
                 ));
             }
         }
-        crate::events::config::validate(&self.events, s.webhook_url.as_deref())
+        events::validate(&self.events, s.webhook_url.as_deref())
             .map_err(|(key, why)| invalid(key, why))?;
-        crate::transport::sip::config::validate(&self.sip, l.address)
-            .map_err(|(key, why)| invalid(key, why))?;
+        sip::validate(&self.sip, l.address).map_err(|(key, why)| invalid(key, why))?;
         if self.media_streams.max_pending_marks == 0 {
             return Err(invalid(
                 "media_streams.max_pending_marks",

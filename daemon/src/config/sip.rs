@@ -222,7 +222,7 @@ fn validate_auth(a: &SipAuthConfig) -> Result<(), (&'static str, String)> {
         ));
     }
     for (i, name) in a.algorithms.iter().enumerate() {
-        if super::digest::Algorithm::parse(name).is_none() {
+        if crate::transport::sip::digest::Algorithm::parse(name).is_none() {
             return Err((
                 "sip.auth.algorithms",
                 format!("unknown algorithm `{name}` (SHA-256, MD5)"),
@@ -296,7 +296,8 @@ fn validate_credentials(
 
 /// Checks a `sip:` URI at `key`, with a user when `user` says so.
 fn validate_uri(key: &'static str, uri: &str, user: bool) -> Result<(), (&'static str, String)> {
-    let u = super::uri::SipUri::parse(uri).map_err(|e| (key, format!("`{uri}`: {e}")))?;
+    let u = crate::transport::sip::uri::SipUri::parse(uri)
+        .map_err(|e| (key, format!("`{uri}`: {e}")))?;
     if u.scheme != "sip" {
         return Err((key, format!("`{uri}`: only sip: URIs (no TLS)")));
     }

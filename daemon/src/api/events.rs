@@ -43,7 +43,7 @@
 //! sessions 410. Authentication is the listener's (the bearer token where
 //! one is configured).
 
-use super::relay::Watch;
+use crate::events::relay::Watch;
 use crate::http::{self, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};

@@ -13,7 +13,7 @@
 //! stage metrics on (read once per batch of answers), each model frame's
 //! resampling and encoding into line packets is one `encode` sample.
 
-use super::line::{LineOut, PACKETS_PER_FRAME};
+use super::audiosocket::line::{LineOut, PACKETS_PER_FRAME};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::EventSink;

@@ -1,7 +1,7 @@
 //! `GET /metrics`: every thread's stage counters and the always-on gauges,
 //! as Prometheus text.
 //!
-//! A scrape reads every published [`StageCounters`](super::StageCounters)
+//! A scrape reads every published [`StageCounters`](crate::metrics::StageCounters)
 //! (relaxed loads), folds them and hands the scalar values to the `metrics`
 //! facade — recorded into this registry's `PrometheusRecorder` (built with
 //! `PrometheusBuilder::build_recorder`, no HTTP listener) as absolute
@@ -26,143 +26,25 @@
 //!   from `EngineShared` and the admission table at scrape time),
 //!   `moshid_session_table_entries{table}` (every per-session table's size)
 //!   the connection series `moshid_connections_*` (see
-//!   [`super::connections`]) and `moshid_heap_bytes{kind}` (see
-//!   [`super::heap`]).
+//!   [`crate::metrics::connections`]) and `moshid_heap_bytes{kind}` (see
+//!   [`crate::metrics::heap`]).
 //!
 //! Invariants: nothing here runs on the hot path; scrapes are serialised
 //! (one mutex) so that absolute values never go backwards between two
 //! concurrent scrapes; counters are monotone because the threads' counters
 //! are.
 
-use super::histogram::HistogramSnapshot;
-use super::stages::{Owner, Stage, ThreadSnapshot, MODEL_STEP_LABEL};
+pub mod events;
+
 use crate::engine::EngineShared;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use crate::metrics::histogram::HistogramSnapshot;
+use crate::metrics::stages::{Owner, Stage, ThreadSnapshot, MODEL_STEP_LABEL};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 /// Name of the stage histogram family.
 pub const STAGE_HISTOGRAM: &str = "moshid_stage_duration_seconds";
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Whether some registry's recorder was installed as the global one.
-static GLOBAL_INSTALLED: AtomicBool = AtomicBool::new(false);
-
-/// A registry's Prometheus recorder and its render handle.
-pub struct Exporter {
-    recorder: Arc<PrometheusRecorder>,
-    handle: PrometheusHandle,
-    scrape: Mutex<()>,
-}
-
-impl Exporter {
-    /// A recorder (no listener) with every series described.
-    pub(super) fn new() -> Self {
-        let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let handle = recorder.handle();
-        ::metrics::with_local_recorder(&*recorder, describe);
-        Exporter {
-            recorder,
-            handle,
-            scrape: Mutex::new(()),
-        }
-    }
-
-    /// Installs this recorder as the process's global `metrics` recorder,
-    /// once per process (later calls, or a recorder installed by someone
-    /// else, leave it as is). Scrapes do not depend on it: they record into
-    /// this recorder directly. Returns whether this call installed it.
-    pub fn install_global(&self) -> bool {
-        if GLOBAL_INSTALLED.swap(true, Ordering::AcqRel) {
-            return false;
-        }
-        ::metrics::set_global_recorder(self.recorder.clone()).is_ok()
-    }
-}
-
-fn describe() {
-    use ::metrics::{describe_counter, describe_gauge};
-    super::connections::describe();
-    super::sip::describe();
-    super::heap::describe();
-    describe_gauge!(
-        "moshid_session_table_entries",
-        "Entries of each per-session table (all 0 when no session is open: leak checks)"
-    );
-    describe_gauge!(
-        "moshid_metrics_enabled",
-        "1 while stage metrics are recorded (POST /admin/metrics)"
-    );
-    describe_gauge!("moshid_active_sessions", "Sessions holding a slot");
-    describe_gauge!("moshid_free_slots", "Slots not held by a session");
-    describe_gauge!("moshid_accepting", "1 while new sessions are admitted");
-    describe_gauge!(
-        "moshid_group_sessions",
-        "Sessions ticking with each phase group"
-    );
-    describe_gauge!(
-        "moshid_group_free_slots",
-        "Sessions that could still be admitted now (free slots within the period's step-time budget; groups merge to make room)"
-    );
-    describe_gauge!("moshid_groups_in_use", "Phase groups the engine steps now");
-    describe_gauge!(
-        "moshid_group_phase_ms",
-        "Offset of each phase group's tick in the 80 ms frame period"
-    );
-    describe_gauge!(
-        "moshid_group_wait_ms",
-        "Moving average of a frame's wait from its completion to its group's step"
-    );
-    describe_counter!(
-        "moshid_group_moves_total",
-        "Streams moved from one phase group to another (as their phase drifted or groups merged)"
-    );
-    describe_counter!(
-        "moshid_sessions_admitted_total",
-        "Sessions admitted since start"
-    );
-    describe_counter!(
-        "moshid_sessions_refused_total",
-        "Sessions refused since start"
-    );
-    describe_counter!("moshid_engine_steps_total", "Model steps taken");
-    describe_counter!(
-        "moshid_engine_frames_stepped_total",
-        "Stream-frames stepped"
-    );
-    describe_counter!(
-        "moshid_engine_late_ticks_total",
-        "Ticks that started over one group period late"
-    );
-    describe_counter!(
-        "moshid_engine_dropped_frames_total",
-        "Frames dropped because a slot's engine queue was full"
-    );
-    describe_counter!(
-        "moshid_engine_lost_outputs_total",
-        "Outputs lost because an I/O core's lane was full"
-    );
-    describe_counter!("moshid_engine_faults_total", "Per-slot model faults");
-    describe_gauge!("moshid_engine_max_batch", "Largest batch stepped");
-    describe_counter!(
-        "moshid_stage_frames_total",
-        "Frames pushed to the engine (I/O cores) or stepped (engine) while metrics were on"
-    );
-    describe_counter!(
-        "moshid_stage_late_ticks_total",
-        "Late engine ticks while metrics were on"
-    );
-    describe_counter!(
-        "moshid_stage_dropped_frames_total",
-        "Frames dropped (lane full on a core, slot queue full at the engine) while metrics were on"
-    );
-    describe_counter!(
-        "moshid_stage_refused_sessions_total",
-        "Sessions refused on a core while metrics were on"
-    );
-}
 
 /// Every thread's snapshot folded into one.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -214,13 +96,12 @@ fn owns(owner: Owner, stage: Stage) -> bool {
 /// Reads everything and renders the Prometheus text of `GET /metrics`.
 pub fn render(shared: &EngineShared) -> String {
     let registry = &shared.metrics;
-    let exporter = registry.exporter();
-    let _one_scrape_at_a_time = exporter.scrape.lock().unwrap_or_else(|p| p.into_inner());
+    let scrape = registry.exporter().scrape();
     let snaps = registry.snapshots();
     let folded = fold(&snaps);
     let cap = shared.capacity();
     let stats = shared.stats.snapshot();
-    ::metrics::with_local_recorder(&*exporter.recorder, || {
+    scrape.record(|| {
         use ::metrics::{counter, gauge};
         gauge!("moshid_metrics_enabled").set(if registry.enabled() { 1.0 } else { 0.0 });
         gauge!("moshid_active_sessions").set(cap.active_sessions as f64);
@@ -248,11 +129,11 @@ pub fn render(shared: &EngineShared) -> String {
         for (table, entries) in shared.session_tables() {
             gauge!("moshid_session_table_entries", "table" => table).set(entries as f64);
         }
-        super::heap::record();
+        crate::metrics::heap::record();
         {
             let conns = registry.connections();
-            super::connections::record(&conns.listeners, &conns.pending);
-            super::sip::record(&conns.sip);
+            crate::metrics::connections::record(&conns.listeners, &conns.pending);
+            crate::metrics::sip::record(&conns.sip);
         }
 
         let per_thread = snaps.iter().map(|s| {
@@ -278,7 +159,7 @@ pub fn render(shared: &EngineShared) -> String {
             counter!("moshid_stage_refused_sessions_total", "core" => core).absolute(refused);
         }
     });
-    let mut out = exporter.handle.render();
+    let mut out = scrape.render();
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }

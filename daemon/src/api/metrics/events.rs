@@ -13,7 +13,7 @@
 //!   `dropped` (queue full); `moshid_webhook_failed_attempts_total`;
 //!   `moshid_webhook_pending`.
 
-use super::EventHub;
+use crate::events::EventHub;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 

@@ -4,7 +4,7 @@
 //! * `POST /v1/sip/calls` — body `{"to": "sip:user@host[:port]",
 //!   "params": {…}, "webhook_url": …}` → `201 {"id", "call_id", "state":
 //!   "calling", …}`: moshid places the call from the I/O core that took
-//!   the request ([`super::uac`]). Its id is its session's, so
+//!   the request ([`crate::transport::sip::uac`]). Its id is its session's, so
 //!   `/v1/sessions/{id}/events` follows it from the start (text, DTMF,
 //!   state, final record). 400 names the field at fault, 503 says why no
 //!   call can be placed now (no model slot, `sip.outbound.max_calls`,
@@ -17,15 +17,15 @@
 //!   once answered); `202` with the state then.
 //! * `GET /v1/sip/registrations` — each `sip.registrations` entry's state.
 
-use super::register::host_port;
-use super::resolve::resolve;
-use super::serve::current_wire;
-use super::uac::{PlaceError, PlaceRequest};
-use super::uri::SipUri;
+use super::rtp::{param_pairs, session_of};
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
-use crate::transport::rtp::control::{param_pairs, session_of};
+use crate::transport::sip::register::host_port;
+use crate::transport::sip::resolve::resolve;
+use crate::transport::sip::serve::current_wire;
+use crate::transport::sip::uac::{PlaceError, PlaceRequest};
+use crate::transport::sip::uri::SipUri;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -120,7 +120,7 @@ pub async fn handle(
             };
             c.request_hang_up();
             // The call's core acts on it at its next tick (20 ms).
-            glommio::timer::sleep(2 * super::serve::TICK).await;
+            glommio::timer::sleep(2 * crate::transport::sip::serve::TICK).await;
             http::write_json(stream, 202, &c.to_json()).await
         }
         (_, [] | [_]) => http::write_error(stream, 405, "method not allowed").await,
