@@ -341,7 +341,8 @@ class CudaEnv:
         lines = [
             "gpu: %s (sm_%s); driver %s, CUDA %s" % (self.gpu, self.cap or "?",
                                                     self.driver_version, self.driver_cuda or "unknown"),
-            "glibc: %s; mode: %s" % (glibc or "unknown", mode),
+            "glibc: %s; kernel: %s; CPUs: %s; mode: %s" % (
+                glibc or "unknown", " ".join(os.uname()[2:4]), os.cpu_count(), mode),
         ]
         if manifest:
             lines.append("bundle: %s; built %s; %s; glibc_needed %s" % (

@@ -291,6 +291,10 @@ def run_capped(argv, limit, cwd, env, log_path):
     except subprocess.TimeoutExpired:
         killed = True
         kill_group(p)
+    except BaseException:
+        # A signal stopping the run: the step's group goes with it.
+        kill_group(p, grace_s=2)
+        raise
     reader.join(timeout=10)
     return p.returncode, killed, "".join(kept)
 

@@ -384,7 +384,12 @@ def start_daemon(r, bundle, s, cpus, kv, kvdir, limit):
     if not d.wait_ready(min(limit, 180)):
         d.stop()
         why = "exited (%s)" % d.proc.returncode if d.proc.poll() is not None else "no ready line"
-        r.add_failure(name, "FAIL", d.tail(4))
+        tail = d.tail(4)
+        if os.uname()[2].startswith("4.4.0"):
+            # gVisor reports kernel 4.4.0; the daemon's I/O cores need io_uring.
+            tail.append("(this kernel reports 4.4.0, gVisor's: the daemon's I/O cores (glommio) "
+                        "need io_uring, which gVisor may not offer)")
+        r.add_failure(name, "FAIL", tail)
         r.record(name, "FAIL", time.monotonic() - t0, "%s: %s" % (why, " ".join(argv)[-100:]))
         return None, None
     ready = parse_ready(d.stderr())
