@@ -3,23 +3,34 @@ scripts/gpu-pack on a machine with cargo and carried to the GPU machine,
 which has no Rust), or, where cargo is here and there is no bundle, one
 made now by scripts/gpu-pack (its build is not counted in the budget).
 
-Layout (see scripts/gpu-pack): bin/ (check-kernels, gpu-bench, moshid,
-moshid-loadgen), tests/ (the kernels crate's test executables), golden/
-(the fixtures), MANIFEST; and baseline/ (bin/gpu-bench and tests/ of a
-previous commit, with its own MANIFEST) when gpu-pack was given one.
+Layout (see scripts/gpu-pack): golden/ (the fixtures), MANIFEST,
+baseline/MANIFEST when gpu-pack was given a previous commit, and
+executables.tar.gz holding bin/ (check-kernels, gpu-bench, moshid,
+moshid-loadgen), tests/ (the kernels crate's test executables) and the
+baseline's bin/gpu-bench and tests/ — unpacked here into a folder of the
+machine's temporary space (`unpack_dir`). A bundle of loose executables
+(an older gpu-pack's) is run where it is.
 """
 
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
+import tarfile
+
+
+ARCHIVE = "executables.tar.gz"
 
 
 class Bundle:
-    """One bundle folder (the current build's, or its baseline/)."""
+    """One bundle folder (the current build's, or its baseline/): its
+    MANIFEST and golden fixtures in `root`, its executables in `exe_root`
+    (where they were unpacked)."""
 
-    def __init__(self, root):
+    def __init__(self, root, exe_root=None):
         self.root = root
+        self.exe_root = exe_root or root
         self.manifest = read_manifest(os.path.join(root, "MANIFEST"))
 
     @property
@@ -27,10 +38,10 @@ class Bundle:
         return bool(self.manifest)
 
     def bin(self, name):
-        return os.path.join(self.root, "bin", name)
+        return os.path.join(self.exe_root, "bin", name)
 
     def test(self, name):
-        return os.path.join(self.root, "tests", name)
+        return os.path.join(self.exe_root, "tests", name)
 
     def has_bin(self, name):
         return os.access(self.bin(name), os.X_OK)
@@ -59,6 +70,34 @@ class Bundle:
         if "usage: check-kernels" in out:
             return True, ""
         return False, " ".join(out.splitlines()[:3])
+
+
+def unpack_dir(root, tmp):
+    """Where the executables of the bundle at `root` are unpacked: a folder
+    of `tmp` named after the bundle's path (outside the carried tree, and
+    the same for every run, so that an earlier run's leftovers are found)."""
+    key = hashlib.sha1(os.path.realpath(root).encode()).hexdigest()[:12]
+    return os.path.join(tmp, "moshid-gpu-bundle-%d-%s" % (os.getuid(), key))
+
+
+def open_bundles(root, exe_dir):
+    """(this build's Bundle, the baseline's or None), the executables
+    unpacked from executables.tar.gz into `exe_dir` first (again when the
+    archive is newer than what was unpacked there)."""
+    archive = os.path.join(root, ARCHIVE)
+    exe_root = root
+    if os.path.isfile(archive):
+        exe_root = exe_dir
+        stamp = os.path.join(exe_root, ".from-archive")
+        if not (os.path.exists(stamp) and os.path.getmtime(stamp) >= os.path.getmtime(archive)):
+            shutil.rmtree(exe_root, ignore_errors=True)
+            os.makedirs(exe_root)
+            with tarfile.open(archive) as t:
+                t.extractall(exe_root)
+            open(stamp, "w").close()
+    current = Bundle(root, exe_root)
+    base = Bundle(os.path.join(root, "baseline"), os.path.join(exe_root, "baseline"))
+    return current, (base if base.present else None)
 
 
 def read_manifest(path):

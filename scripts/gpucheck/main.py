@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from . import checks, cuda_env, profile, serve
-from .bundle import Bundle, cargo_available, stop_leftovers
+from .bundle import Bundle, cargo_available, open_bundles, stop_leftovers, unpack_dir
 from .runner import Runner
 from . import summary as summary_mod
 
@@ -27,14 +27,19 @@ DEFAULT_BUDGET_S = 540
 # Seconds per phase at DEFAULT_BUDGET_S.
 BOXES = {"device": 45, "golden": 45, "profile": 130, "torch": 60, "serve": 230, "compile": 25}
 PHASES = ("device", "golden", "profile", "torch", "serve", "compile")
+# A rehearsal's budget and the boxes it fixes: the golden tests take minutes
+# on the emulator.
+REHEARSAL_BUDGET_S = 900
+REHEARSAL_BOXES = {"device": 120, "golden": 360}
 
 
 class Settings:
     """What the environment asks for (see scripts/gpu-check)."""
 
     def __init__(self, env):
-        self.budget = int(env.get("TIME_BUDGET", DEFAULT_BUDGET_S))
         self.rehearsal = env.get("REHEARSAL", "0") == "1"
+        self.budget = int(env.get("TIME_BUDGET", REHEARSAL_BUDGET_S if self.rehearsal
+                                  else DEFAULT_BUDGET_S))
         self.steps = int(env.get("STEPS", 3 if self.rehearsal else 60))
         self.warmup = int(env.get("WARMUP", 1 if self.rehearsal else 10))
         self.use_bundle = env.get("USE_BUNDLE", "1") != "0"
@@ -48,21 +53,27 @@ class Settings:
         if env.get("SERVE", "1") == "0":
             phases = [p for p in phases if p != "serve"]
         self.phases = phases
-        self.boxes = boxes(self.budget, env.get("BOXES", ""))
+        self.boxes = boxes(self.budget, env.get("BOXES", ""),
+                           REHEARSAL_BOXES if self.rehearsal else {})
+        # The emulator is many times slower than a GPU: steps get longer limits.
+        self.limit_scale = 4 if self.rehearsal else 1
         self.serve_shape = env.get("SERVE_SHAPE", "moshi-tiny" if self.rehearsal else "moshi-7b")
         self.serve_backend = env.get("SERVE_BACKEND", "emu" if self.rehearsal else "cuda")
         self.serve_step_seconds = float(env.get("SERVE_STEP_SECONDS",
                                                 2.0 if self.rehearsal else serve.STEP_SECONDS))
         self.bundle = env.get("GPU_BUNDLE", ".gpu-bundle")
+        # The machine's temporary folder (the run's own scratch replaces TMPDIR).
+        self.tmp = env.get("TMPDIR") or "/tmp"
 
     def bundle_dir(self, repo):
         return os.path.join(repo, self.bundle)
 
 
-def boxes(budget, override):
-    """Each phase's box: its share of the default budget, scaled; then the
-    `name=seconds` pairs of `override`."""
+def boxes(budget, override, fixed=None):
+    """Each phase's box: its share of the default budget, scaled (or as
+    `fixed` gives it); then the `name=seconds` pairs of `override`."""
     out = {k: v * budget / DEFAULT_BUDGET_S for k, v in BOXES.items()}
+    out.update(fixed or {})
     for pair in filter(None, override.split(",")):
         k, _, v = pair.partition("=")
         if k not in out:
@@ -112,16 +123,18 @@ def _now():
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
 
 
-def get_bundle(r, s):
-    """The bundle to run, made by gpu-pack when cargo is here and there is none."""
-    bundle = Bundle(s.bundle_dir(r.repo))
-    if (not s.use_bundle or not bundle.present) and cargo_available():
+def get_bundles(r, s):
+    """This build's bundle and the baseline's (or None), made by gpu-pack
+    when cargo is here and there is no bundle, and unpacked."""
+    root = s.bundle_dir(r.repo)
+    if (not s.use_bundle or not Bundle(root).present) and cargo_available():
         r.phase = "build"
         r.phase_end = r.clock() + 3600
         r.step("tests.log", "gpu-pack", 3600, [os.path.join(r.repo, "scripts", "gpu-pack")])
         r.restart_clock()
-        bundle = Bundle(bundle.root)
-    return bundle
+    if not Bundle(root).present:
+        return Bundle(root), None
+    return open_bundles(root, unpack_dir(root, s.tmp))
 
 
 def run_phases(r, s):
@@ -131,7 +144,7 @@ def run_phases(r, s):
     if s.env_only:
         print("gpu-check: ENV_ONLY=1: stopping after the environment")
         return 0
-    bundle = get_bundle(r, s)
+    bundle, baseline = get_bundles(r, s)
     ok, why = bundle.starts() if bundle.present else (False, "no bundle")
     if not ok:
         msg = "gpu-check: THE BUNDLED EXECUTABLES DO NOT START HERE: %s" % why
@@ -144,13 +157,12 @@ def run_phases(r, s):
         r.record("executables", "NOSTART", 0, "no bundle that starts here and no cargo to make one")
         return 1
     # On the GPU machine only (a rehearsal's machine may be running others').
-    left = [] if s.rehearsal else stop_leftovers(bundle.root)
+    left = [] if s.rehearsal else stop_leftovers(bundle.exe_root)
     if left:
         r.header.append("stopped %d process(es) an earlier run left (pids %s)"
                         % (len(left), " ".join(map(str, left))))
     r.header.append("bundle: %s (here glibc %s)" % (bundle.describe(), glibc or "?"))
-    baseline = Bundle(os.path.join(bundle.root, "baseline"))
-    if baseline.present:
+    if baseline:
         r.header.append("baseline: %s" % baseline.describe())
     results = {}
     save = lambda: r.write("results.json", json.dumps(results, indent=1) + "\n")
@@ -168,7 +180,7 @@ def run_phases(r, s):
         elif phase == "golden":
             checks.golden_phase(r, bundle, env)
         elif phase == "profile":
-            builds = [("current", bundle)] + ([("baseline", baseline)] if baseline.present else [])
+            builds = [("current", bundle)] + ([("baseline", baseline)] if baseline else [])
             profile.profile_phase(r, builds, s, results, save)
         elif phase == "torch":
             profile.torch_phase(r, s, results, save)
@@ -201,6 +213,7 @@ def main(argv):
     # The tests' kernel cache and any other temporary file go to the scratch folder.
     os.environ["TMPDIR"] = os.path.join(scratch, "tmp")
     r = Runner(out, s.budget, repo, scratch)
+    r.limit_scale = s.limit_scale
     signal.signal(signal.SIGTERM, _stop)
     rc = 1
     try:

@@ -86,11 +86,12 @@ def fit_ramp(ramp, seconds, step_seconds):
 
 def parse_ready(stderr_text):
     """The `<6>ready:` line's figures: slots, groups and predicted steps."""
-    m = re.search(r"ready: (\d+) slots, (\S+) phase group\(s\), budget ([\d.]+) ms, predicted "
-                  r"step ([\d.]+) ms at batch 1, ([\d.]+) ms at batch (\d+)", stderr_text)
+    m = re.search(r"ready: (\d+) slots, (\S+) phase group\(s\), budget ([\d.]+|inf) ms, "
+                  r"predicted step ([\d.]+) ms at batch 1, ([\d.]+) ms at batch (\d+)", stderr_text)
     if not m:
         return None
-    return {"slots": int(m.group(1)), "phase_groups": m.group(2), "budget_ms": float(m.group(3)),
+    return {"slots": int(m.group(1)), "phase_groups": m.group(2),
+            "budget_ms": None if m.group(3) == "inf" else float(m.group(3)),
             "predicted_step_ms_b1": float(m.group(4)), "predicted_step_ms_max": float(m.group(5)),
             "line": m.group(0)}
 
@@ -261,17 +262,25 @@ def per_load(samples):
     return out
 
 
+def clean(step):
+    """Whether a ramp step had no deadline miss, refusal or error."""
+    return (step.get("deadline_misses", 1) == 0 and step.get("refused", 1) == 0
+            and step.get("errors", 0) == 0 and step.get("sessions", 0) > 0)
+
+
 def headline(kv, report, loads, ready):
     """One line: the largest load with zero misses and its latency."""
-    held = report.get("largest_streams_held") if report else None
-    broke = report.get("first_streams_broken") if report else None
+    steps = (report or {}).get("steps", [])
+    held = max((s["streams"] for s in steps if clean(s)), default=None)
+    broke = min((s["streams"] for s in steps if not clean(s)), default=None)
     pred = ("; ready predicted %.1f ms at batch 1" % ready["predicted_step_ms_b1"]) if ready else ""
     if not held:
+        step = next((s for s in steps if s.get("streams") == broke), None)
         why = ""
-        if report:
-            step = next((s for s in report.get("steps", []) if s.get("streams") == broke), None)
-            why = (": " + "; ".join(step.get("broke", []))) if step else ""
-        return "%s KV: no load held (broke at %s%s)%s" % (kv, broke, why, pred)
+        if step:
+            why = ": " + ("; ".join(step.get("broke", [])) or "%d deadline misses, %d refused" % (
+                step.get("deadline_misses", 0), step.get("refused", 0)))
+        return "%s KV: no load without misses (first miss at %s%s)%s" % (kv, broke, why, pred)
     step = next(s for s in report["steps"] if s["streams"] == held)
     lat = step.get("latency_ms") or {}
     extra = loads.get(held, {})
@@ -289,7 +298,7 @@ def headline(kv, report, loads, ready):
             step["cpu_ms_per_stream_s_excl_engine"],
             "%.2f" % step["ratio_to_bare_opus_excl_engine"]
             if step.get("ratio_to_bare_opus_excl_engine") else "-"))
-    tail = " (broke at %s)" % broke if broke else " (nothing broke)"
+    tail = " (misses from %s)" % broke if broke else " (no step missed)"
     return ", ".join(cells) + tail + pred
 
 

@@ -146,6 +146,7 @@ class ServeTest(unittest.TestCase):
     def test_ready_line(self):
         err = ("<6>backend: cuda ...\n<6>ready: 75 slots, auto phase group(s), budget 75.0 ms, "
                "predicted step 36.10 ms at batch 1, 64.20 ms at batch 75; RANDOM WEIGHTS\n")
+        self.assertIsNone(serve.parse_ready(err.replace("75.0 ms,", "inf ms,"))["budget_ms"])
         r = serve.parse_ready(err)
         self.assertEqual((r["slots"], r["predicted_step_ms_b1"], r["predicted_step_ms_max"]),
                          (75, 36.1, 64.2))
@@ -186,10 +187,16 @@ class ServeTest(unittest.TestCase):
         h = serve.headline("bf16", report, {64: {"step_ms_mean": 65.0, "gpu_util_mean": 97.0}}, None)
         self.assertEqual(h, "bf16 KV: 64 callers with zero misses, added latency p50 40.0 p99 70.0 max "
                             "90.0 ms, step 65.0 ms mean, batch 60.0, GPU 97 %, I/O CPU 3.20 "
-                            "ms/stream-s (1.20x Opus) (broke at 75)")
-        none = serve.headline("fp8", {"largest_streams_held": None, "first_streams_broken": 1,
-                                      "steps": [{"streams": 1, "broke": ["refused 1"]}]}, {}, None)
-        self.assertEqual(none, "fp8 KV: no load held (broke at 1: refused 1)")
+                            "ms/stream-s (1.20x Opus) (misses from 75)")
+        none = serve.headline("fp8", {"steps": [{"streams": 1, "sessions": 0, "refused": 1,
+                                                 "deadline_misses": 0, "broke": ["refused 1"]}]},
+                              {}, None)
+        self.assertEqual(none, "fp8 KV: no load without misses (first miss at 1: refused 1)")
+        # loadgen's own verdict may say held (stop-on error only): misses decide.
+        missed = {"largest_streams_held": 1, "steps": [
+            {"streams": 1, "sessions": 1, "deadline_misses": 24, "refused": 0, "held": True}]}
+        self.assertIn("no load without misses (first miss at 1: 24 deadline misses",
+                      serve.headline("bf16", missed, {}, None))
         self.assertEqual(len(serve.step_lines("bf16", report, {})), 2)
 
 
@@ -201,11 +208,13 @@ class MiscTest(unittest.TestCase):
         self.assertAlmostEqual(sum(main.boxes(540, "").values()), 535)
         with self.assertRaises(ValueError):
             main.boxes(540, "nope=1")
+        self.assertEqual(main.boxes(540, "", {"golden": 360})["golden"], 360)
 
     def test_settings(self):
         s = main.Settings({"REHEARSAL": "1", "BENCH": "0", "PHASES": "device,profile,serve"})
         self.assertEqual(s.phases, ["device", "serve"])
         self.assertEqual((s.serve_shape, s.serve_backend), ("moshi-tiny", "emu"))
+        self.assertEqual((s.budget, s.boxes["golden"], s.limit_scale), (900, 360, 4))
         with self.assertRaises(ValueError):
             main.Settings({"PHASES": "device,warp"})
 
