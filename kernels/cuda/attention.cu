@@ -25,6 +25,10 @@
 // keys once the ring wrapped. Every write of a call (rope_kv_write_*) must be
 // complete before its attention launch: they are separate kernels.
 //
+// NVIDIA's fork (PersonaPlex) labels ring entries from the call's end, so
+// its oldest entry is never seen: `last` one past the newest position
+// (rows_from_steps' `end_label` = 1) gives exactly its window.
+//
 // Masked rows (RowInfo::active == 0) write nothing into the caches; their
 // attention output is zeros, as is that of a query whose window is empty.
 #define ROPE_THREADS 128
@@ -282,8 +286,8 @@ attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ 
 #define ROWS_THREADS 128
 
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
-rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int* __restrict__ positions,
-                RowInfo* __restrict__ rows) {
+rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int end_label,
+                int* __restrict__ positions, RowInfo* __restrict__ rows) {
     const int j = blockIdx.x * ROWS_THREADS + threadIdx.x;
     if (j >= n_steps) return;
     const SlotStep st = steps[j];
@@ -299,7 +303,7 @@ rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int* __r
     const int p0 = positions[st.slot];
     for (int i = 0; i < t; ++i) {
         RowInfo r;
-        r.kv = st.slot; r.pos = p0 + i; r.last = p0 + t - 1; r.step = j; r.active = 1;
+        r.kv = st.slot; r.pos = p0 + i; r.last = p0 + t - 1 + end_label; r.step = j; r.active = 1;
         out[i] = r;
     }
     positions[st.slot] = p0 + t;

@@ -109,6 +109,7 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &[
             "token_cache_in",
             "token_cache_out",
+            "force_tokens",
             "embed_sum",
             "embed_sum_f32",
             "embed_add_rows",
@@ -123,6 +124,12 @@ pub const MODULES: &[KernelModule] = &[
         file: "sampling.cu",
         source: include_str!("../cuda/sampling.cu"),
         kernels: &["sample_tokens"],
+    },
+    KernelModule {
+        name: "text_rules",
+        file: "text_rules.cu",
+        source: include_str!("../cuda/text_rules.cu"),
+        kernels: &["text_rules_apply", "text_history_push"],
     },
     KernelModule {
         name: "conv",

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::compare::{compare, outputs, params, SLOTS};
+use common::compare::{compare, compare_with, outputs, params, SLOTS};
 use common::fixtures::fixture_dirs;
 use moshid_kernels::device::emu::{EmuDevice, Order};
 use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
@@ -39,6 +39,26 @@ fn f32_model_matches_the_cpu_backend() {
         let mut gpu = model(&d, Precision::F32, KvDtype::F32, true);
         let a = compare(&dir, &mut gpu);
         println!("{} f32: {a}", dir.display());
+        assert!(a.outputs > 0, "no output compared");
+        assert!(a.exact_within(1e-4), "{}: {a}", dir.display());
+    }
+}
+
+/// Kyutai's text keys (`pad_mult`, repetition penalty) on the device equal
+/// the CPU backend's (greedy, f32) on a model without guidance.
+#[test]
+fn text_rules_match_the_cpu_backend() {
+    for dir in fixture_dirs("lm_config.json") {
+        let d = CheckpointDir::open(&dir).unwrap();
+        if d.lm.has_conditioners() {
+            continue;
+        }
+        let mut p = params(&d);
+        p.gen.pad_mult = 0.8;
+        p.gen.repetition_penalty = Some((6, 1.7));
+        let mut gpu = model(&d, Precision::F32, KvDtype::F32, true);
+        let a = compare_with(&dir, &mut gpu, &p);
+        println!("{} f32 with text rules: {a}", dir.display());
         assert!(a.outputs > 0, "no output compared");
         assert!(a.exact_within(1e-4), "{}: {a}", dir.display());
     }

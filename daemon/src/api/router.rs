@@ -17,7 +17,9 @@
 //! until its `start` event) — a connection is pending in the core's
 //! [`PendingBudget`](crate::io::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
-//! `listen.head_timeout_ms`; after that it is never evicted. Endpoints
+//! `listen.head_timeout_ms`; after that it is never evicted. A request is
+//! routed only when [`crate::routes::ROUTES`] holds its method and path
+//! (404 or 405 otherwise), so that table is the list of endpoints. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
 //! one is configured (WebSocket upgrades may carry it as the `auth_id`
 //! query parameter, as browsers cannot set headers), compared in constant
@@ -261,6 +263,31 @@ enum Route {
     MediaStream,
 }
 
+/// Answers 404 or 405 to a request [`crate::routes::ROUTES`] does not hold
+/// (`false`); `true` when it holds it.
+async fn in_route_table(
+    stream: &mut Conn,
+    app: &CoreApp,
+    head: &RequestHead,
+) -> Result<bool, HttpError> {
+    use crate::routes::{resolve, Resolved, Switch};
+    let config = &app.shared.config;
+    let on = |s: Switch| match s {
+        Switch::MediaStreams => config.media_streams.enabled,
+    };
+    match resolve(&head.method, &head.path, on) {
+        Resolved::Route(_) => Ok(true),
+        Resolved::WrongMethod => {
+            http::write_error(stream, 405, "method not allowed").await?;
+            Ok(false)
+        }
+        Resolved::Unknown => {
+            http::write_error(stream, 404, "no such endpoint").await?;
+            Ok(false)
+        }
+    }
+}
+
 async fn route(
     stream: &mut Conn,
     app: &CoreApp,
@@ -268,6 +295,9 @@ async fn route(
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
 ) -> Result<Route, HttpError> {
+    if !in_route_table(stream, app, head).await? {
+        return Ok(Route::Done);
+    }
     let engine = &app.ctx.engine;
     match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/api/chat") => {
@@ -377,14 +407,6 @@ async fn route(
         }
         (_, path) if super::page::owns(path) => {
             super::page::handle(stream, app, head).await?;
-            Ok(Route::Done)
-        }
-        (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {
-            http::write_error(stream, 405, "method not allowed").await?;
-            Ok(Route::Done)
-        }
-        (_, "/api/chat" | "/health" | "/ready" | "/capacity" | "/metrics" | "/admin/metrics") => {
-            http::write_error(stream, 405, "method not allowed").await?;
             Ok(Route::Done)
         }
         _ => {

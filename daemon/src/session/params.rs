@@ -81,6 +81,9 @@ pub fn session_params(
         cfg_coef: defaults.cfg_coef,
         conditions: Vec::new(),
         null_conditions: Vec::new(),
+        // Kyutai's text keys are parsed here once the session side reads them.
+        pad_mult: 0.0,
+        repetition_penalty: None,
     };
     let mut seeded = false;
     for (k, v) in pairs {

@@ -139,3 +139,57 @@ pub fn table_cells(line: &str) -> Option<Vec<String>> {
 pub fn code_spans(text: &str) -> Vec<&str> {
     text.split('`').skip(1).step_by(2).collect()
 }
+
+/// One table of a page: its header cells and its rows' cells, with the
+/// line number of each row.
+#[derive(Debug)]
+pub struct Table {
+    /// The header row's cells.
+    pub headers: Vec<String>,
+    /// `(line number, cells)` of each row after the separator.
+    pub rows: Vec<(usize, Vec<String>)>,
+}
+
+/// Every table of `text` (outside code blocks).
+pub fn tables(text: &str) -> Vec<Table> {
+    let lines: Vec<(usize, &str)> = prose_lines(text).collect();
+    let mut out: Vec<Table> = Vec::new();
+    let mut open = false;
+    for (i, &(line_no, line)) in lines.iter().enumerate() {
+        let Some(cells) = table_cells(line) else {
+            open = false;
+            continue;
+        };
+        let is_separator = |cells: &[String]| {
+            cells
+                .iter()
+                .all(|c| !c.is_empty() && c.chars().all(|ch| matches!(ch, '-' | ':' | ' ')))
+        };
+        if is_separator(&cells) {
+            continue;
+        }
+        let next_is_separator = lines
+            .get(i + 1)
+            .and_then(|(_, l)| table_cells(l))
+            .is_some_and(|c| is_separator(&c));
+        if next_is_separator {
+            out.push(Table {
+                headers: cells,
+                rows: Vec::new(),
+            });
+            open = true;
+        } else if open {
+            out.last_mut()
+                .expect("a table is open")
+                .rows
+                .push((line_no, cells));
+        }
+    }
+    out
+}
+
+/// The code of a cell that is exactly one code span (`` `name` ``).
+pub fn sole_code(cell: &str) -> Option<&str> {
+    let inner = cell.strip_prefix('`')?.strip_suffix('`')?;
+    (!inner.contains('`')).then_some(inner)
+}

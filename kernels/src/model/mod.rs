@@ -15,6 +15,7 @@ mod error;
 pub(crate) mod io;
 pub mod lm;
 pub mod mimi;
+mod prompt;
 pub mod staging;
 mod streaming;
 pub mod tensor;

@@ -17,6 +17,7 @@ pub mod embed;
 pub mod norm;
 pub mod rvq;
 pub mod sampling;
+pub mod text_rules;
 pub mod types;
 
 use crate::device::{DeviceError, DeviceResult};

@@ -26,8 +26,9 @@
 //! [`status`] (what the control API sees of them) and [`control`]
 //! (`/v1/sip/calls`, `/v1/sip/registrations`); digest
 //! authentication in [`auth`] (the verdicts), [`auth_header`] (the
-//! `Authorization` header), [`digest`] (MD5 and SHA-256 responses) and
-//! [`nonce`] (signed nonces, the replay table).
+//! `Authorization` header), [`digest`] (MD5 and SHA-256 responses),
+//! [`nonce`] (signed nonces, the replay table) and [`quoted_string`] (the
+//! one quoted-string grammar both sides read and write).
 //!
 //! Parsing: SDP goes through `sdp-types` (a maintained RFC 8866 parser and
 //! writer). SIP itself is parsed here: the crates looked at were either
@@ -57,6 +58,7 @@ pub mod message;
 pub mod nonce;
 pub mod params;
 pub mod peer;
+pub mod quoted_string;
 pub mod register;
 pub mod resolve;
 pub mod sdp;

@@ -17,6 +17,7 @@ use super::stack::{Stack, StackScratch};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases};
 use crate::ops::attention::KvType;
+use crate::ops::embed::{TokenCache, TokenCacheShape};
 use crate::ops::sampling::SampleArgs;
 use moshid_model::config::{LmConfig, NormKind};
 
@@ -216,6 +217,7 @@ impl Depformer {
         text: DevPtr,
         audio: DevPtr,
         sc: &StackScratch,
+        force: (&TokenCache, &TokenCacheShape),
     ) -> DeviceResult<()> {
         let (d, act) = (self.dim, self.act);
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
@@ -339,6 +341,18 @@ impl Depformer {
                     out_stride: self.dep_q,
                     ..sample
                 },
+            )?;
+            // PersonaPlex: a forced codebook feeds its target onwards.
+            let (tc, sh) = force;
+            k.embed.force(
+                dev,
+                tc,
+                sh,
+                sample.steps,
+                sample.n_steps,
+                1 + step,
+                audio + 4 * step as u64,
+                self.dep_q,
             )?;
         }
         Ok(())

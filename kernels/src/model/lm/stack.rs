@@ -193,6 +193,49 @@ impl Stack {
         self.kv_bytes
     }
 
+    /// Bytes of one position's keys (or values) in one layer.
+    pub fn kv_position_bytes(&self) -> usize {
+        self.shape.kv_dim() * self.kv.bytes()
+    }
+
+    /// Copies positions `first..end` of cache row `row` out of (`read`) or
+    /// into the KV caches, to or from `host` (`[layers][2][positions]`
+    /// position records), as at most two ring segments per cache.
+    pub fn copy_positions<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        row: usize,
+        first: usize,
+        end: usize,
+        host: &mut [u8],
+        read: bool,
+    ) -> DeviceResult<()> {
+        let cap = self.shape.capacity;
+        let pb = self.kv_position_bytes();
+        let n = end - first;
+        let mut at = 0;
+        for layer in &self.layers {
+            for cache in [layer.k_cache, layer.v_cache] {
+                let mut p = first;
+                while p < end {
+                    let idx = p % cap;
+                    let run = (cap - idx).min(end - p);
+                    let dptr = cache + ((row * cap + idx) * pb) as u64;
+                    let h = &mut host[at..at + run * pb];
+                    if read {
+                        dev.download(dptr, h)?;
+                    } else {
+                        dev.upload(dptr, h)?;
+                    }
+                    at += run * pb;
+                    p += run;
+                }
+            }
+        }
+        debug_assert_eq!(at, 2 * self.layers.len() * n * pb);
+        Ok(())
+    }
+
     /// Runs the stack in place on `x` (`[rows][dim]` f32) with weight set
     /// `set`; `row_info` holds `rows` RowInfos (cache row, position, activity).
     #[allow(clippy::too_many_arguments)]
