@@ -25,7 +25,7 @@ from . import summary as summary_mod
 
 DEFAULT_BUDGET_S = 540
 # Seconds per phase at DEFAULT_BUDGET_S.
-BOXES = {"device": 45, "golden": 45, "profile": 130, "torch": 60, "serve": 230, "compile": 25}
+BOXES = {"device": 40, "golden": 40, "profile": 120, "torch": 100, "serve": 210, "compile": 20}
 PHASES = ("device", "golden", "profile", "torch", "serve", "compile")
 # A rehearsal's budget and the boxes it fixes: the golden tests take minutes
 # on the emulator.
@@ -40,8 +40,9 @@ class Settings:
         self.rehearsal = env.get("REHEARSAL", "0") == "1"
         self.budget = int(env.get("TIME_BUDGET", REHEARSAL_BUDGET_S if self.rehearsal
                                   else DEFAULT_BUDGET_S))
-        self.steps = int(env.get("STEPS", 3 if self.rehearsal else 60))
-        self.warmup = int(env.get("WARMUP", 1 if self.rehearsal else 10))
+        self.steps = int(env.get("STEPS", 3 if self.rehearsal else 30))
+        self.warmup = int(env.get("WARMUP", 1 if self.rehearsal else 5))
+        self.profile_steps = int(env.get("PROFILE_STEPS", 2 if self.rehearsal else 10))
         self.use_bundle = env.get("USE_BUNDLE", "1") != "0"
         self.env_only = env.get("ENV_ONLY", "0") == "1"
         phases = [p for p in env.get("PHASES", ",".join(PHASES)).split(",") if p]

@@ -31,14 +31,18 @@ from . import summary
 
 # (model, KV type, batch sizes of this build, batch sizes of the
 # baseline, context), in order of value; each run time-boxed.
+# The first run of a build includes its kernels' NVRTC compile (about 20 s;
+# this build's are cached by the device phase) and the profile's rate
+# calibration.
 PROFILE_RUNS = [
-    ("moshi7b", "bf16", [1, 8, 32, 64], [1, 64], 3000, 40),
+    ("moshi7b", "bf16", [1, 8, 32, 64], [1, 64], 3000, 45),
     ("moshi7b", "fp8", [64, 128], [64, 128], 3000, 30),
     ("hibiki2b", "bf16", [1, 64, 128], [], 1500, 25),
-    ("hibiki-zero-3b", "bf16", [1, 64], [], 3000, 20),
+    ("hibiki-zero-3b", "bf16", [1, 64], [], 3000, 25),
 ]
 TORCH_BATCHES = [1, 8, 32, 64]
 TORCH_CONTEXT = 3000
+TORCH_STEPS, TORCH_WARMUP = 30, 5
 
 
 def gpu_bench_help(exe):
@@ -55,7 +59,7 @@ def bench_argv(exe, profile, model, kv, batches, context, out_dir, cache, s):
     argv = [exe]
     json_path = os.path.join(out_dir, "profile-%s-kv%s.json" % (os.path.basename(model), kv))
     if profile:
-        argv += ["--profile", "--json", json_path]
+        argv += ["--profile", "--profile-steps", str(s.profile_steps), "--json", json_path]
     argv += ["--model", model, "--batch", ",".join(str(b) for b in batches), "--kv", kv]
     if context:
         argv += ["--context", str(context)]
@@ -68,6 +72,11 @@ def bench_argv(exe, profile, model, kv, batches, context, out_dir, cache, s):
     if not profile:
         json_path = os.path.join(out_dir, "gpu-bench-%s-kv%s.json" % (os.path.basename(model), kv))
     return argv, json_path
+
+
+def kernel_cache():
+    """The tests' kernel cache ($TMPDIR/moshid-kernel-cache), shared."""
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), "moshid-kernel-cache")
 
 
 def _read_json(path):
@@ -111,7 +120,9 @@ def profile_phase(r, builds, s, results, save):
                 continue
             out_dir = os.path.join(r.raw, "profile", label)
             os.makedirs(out_dir, exist_ok=True)
-            cache = os.path.join(r.scratch, "kernel-cache-" + label)
+            # One kernel cache for every build and the tests (keyed by source
+            # and options): each build's kernels compile once.
+            cache = kernel_cache()
             argv, json_path = bench_argv(b.bin("gpu-bench"), supports[label], model, kv, batches,
                                          context, out_dir, cache, s)
             name = "%s-%s-%s" % ("profile" if supports[label] else "steps",
@@ -174,7 +185,7 @@ def torch_phase(r, s, results, save):
         return
     out_json = os.path.join(r.raw, "torch", "torch-step.json")
     os.makedirs(os.path.dirname(out_json), exist_ok=True)
-    argv = [sys.executable, script] + torch_args(script_help(script, env), out_json)
+    argv = [sys.executable, script] + torch_args(script_help(script, env), out_json, s.rehearsal)
     r.step("bench.log", "torch-step", r.left(), argv, env=env)
     report = _read_json(out_json)
     if report is not None:
@@ -191,18 +202,27 @@ def script_help(script, env):
         return ""
 
 
-def torch_args(help_text, out_json):
+def torch_args(help_text, out_json, rehearsal=False):
     """bench/torch_step.py's arguments, as far as its --help offers them:
-    the batch sizes (a list or comma-separated), the context, the JSON."""
+    the batch sizes (a list or comma-separated), steps, the JSON's path; a
+    rehearsal's tiny shape on the CPU."""
     args = []
+    batches = [1, 2] if rehearsal else TORCH_BATCHES
     if "--batch" in help_text:
         many = "--batch BATCH [BATCH" in help_text or "--batch B [B" in help_text
-        args += ["--batch"] + ([str(b) for b in TORCH_BATCHES] if many
-                               else [",".join(str(b) for b in TORCH_BATCHES)])
+        args += ["--batch"] + ([str(b) for b in batches] if many
+                               else [",".join(str(b) for b in batches)])
+    for flag, value in (("--steps", TORCH_STEPS), ("--warmup", TORCH_WARMUP)):
+        if flag in help_text:
+            args += [flag, str(value)]
     if "--context" in help_text:
         args += ["--context", str(TORCH_CONTEXT)]
-    if "--json" in help_text:
-        args += ["--json", out_json]
+    for flag in ("--json", "--out"):
+        if flag in help_text:
+            args += [flag, out_json]
+            break
+    if rehearsal and "--tiny" in help_text:
+        args += ["--device", "cpu", "--tiny"]
     return args
 
 

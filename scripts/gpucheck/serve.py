@@ -326,7 +326,9 @@ def daemon_config(path, cpus, kv, cache, rehearsal):
     """The daemon's config file: pinning, the KV cache, caches, metrics."""
     cfg = {
         "model": {"cache_dir": os.path.join(cache, "model-cache"),
-                  "cuda": {"kv_cache": kv, "ptx_cache_dir": os.path.join(cache, "kernel-cache")}},
+                  # The tests' and gpu-bench's kernel cache: compiled once.
+                  "cuda": {"kv_cache": kv, "ptx_cache_dir": os.path.join(
+                      os.environ.get("TMPDIR", "/tmp"), "moshid-kernel-cache")}},
         "metrics": {"enabled": True},
     }
     if rehearsal:

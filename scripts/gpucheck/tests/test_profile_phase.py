@@ -56,7 +56,7 @@ def fake_bundle(root, with_profile):
 
 
 class Settings:
-    steps, warmup, rehearsal = 5, 1, False
+    steps, warmup, profile_steps, rehearsal = 5, 1, 2, False
 
 
 class ProfilePhaseTest(unittest.TestCase):
@@ -80,7 +80,7 @@ class ProfilePhaseTest(unittest.TestCase):
         self.assertEqual([x[2] for x in r.results], ["PASS"] * 3)
         with open(os.path.join(cur.root, "bin", "calls")) as f:
             calls = f.read().splitlines()
-        self.assertTrue(calls[0].startswith("--profile --json "), calls[0])
+        self.assertTrue(calls[0].startswith("--profile --profile-steps 2 --json "), calls[0])
         self.assertIn("--context 3000", calls[0])
         with open(os.path.join(base.root, "bin", "calls")) as f:
             old = f.read().splitlines()

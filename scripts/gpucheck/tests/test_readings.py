@@ -104,10 +104,11 @@ class ProfileTest(unittest.TestCase):
 
     def test_gpu_bench_arguments(self):
         class S:
-            steps, warmup, rehearsal = 100, 10, False
+            steps, warmup, profile_steps, rehearsal = 30, 5, 10, False
         argv, path = profile.bench_argv("gb", True, "moshi7b", "fp8", [64, 128], 3000, "/o", "/c", S)
-        self.assertEqual(argv[:8], ["gb", "--profile", "--json", "/o/profile-moshi7b-kvfp8.json",
-                                    "--model", "moshi7b", "--batch", "64,128"])
+        self.assertEqual(argv[:10], ["gb", "--profile", "--profile-steps", "10", "--json",
+                                     "/o/profile-moshi7b-kvfp8.json", "--model", "moshi7b",
+                                     "--batch", "64,128"])
         self.assertIn("--context", argv)
         argv, path = profile.bench_argv("gb", False, "moshi7b", "bf16", [1], 3000, "/o", "/c", S)
         self.assertNotIn("--profile", argv)
@@ -117,8 +118,14 @@ class ProfileTest(unittest.TestCase):
     def test_torch_arguments_follow_its_help(self):
         args = profile.torch_args("usage: [--batch BATCH [BATCH ...]] [--context N] [--json PATH]", "/j")
         self.assertEqual(args, ["--batch", "1", "8", "32", "64", "--context", "3000", "--json", "/j"])
-        self.assertEqual(profile.torch_args("usage: [--batch LIST] [--json J]", "/j")[:2],
-                         ["--batch", "1,8,32,64"])
+        # bench/torch_step.py's own --help.
+        theirs = ("usage: torch_step.py [-h] [--batch BATCH] [--steps STEPS] [--warmup WARMUP] "
+                  "[--position POSITION] [--device {cuda,cpu}] [--tiny] [--out OUT]")
+        self.assertEqual(profile.torch_args(theirs, "/j"),
+                         ["--batch", "1,8,32,64", "--steps", "30", "--warmup", "5", "--out", "/j"])
+        self.assertEqual(profile.torch_args(theirs, "/j", rehearsal=True)[:2], ["--batch", "1,2"])
+        self.assertEqual(profile.torch_args(theirs, "/j", rehearsal=True)[-3:],
+                         ["--device", "cpu", "--tiny"])
 
 
 class ServeTest(unittest.TestCase):
@@ -203,9 +210,9 @@ class ServeTest(unittest.TestCase):
 class MiscTest(unittest.TestCase):
     def test_boxes_scale_and_override(self):
         b = main.boxes(270, "serve=300")
-        self.assertEqual(b["device"], 22.5)
+        self.assertEqual(b["device"], 20.0)
         self.assertEqual(b["serve"], 300.0)
-        self.assertAlmostEqual(sum(main.boxes(540, "").values()), 535)
+        self.assertLessEqual(sum(main.boxes(540, "").values()), 540)
         with self.assertRaises(ValueError):
             main.boxes(540, "nope=1")
         self.assertEqual(main.boxes(540, "", {"golden": 360})["golden"], 360)
