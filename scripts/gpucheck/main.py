@@ -30,7 +30,7 @@ PHASES = ("device", "golden", "profile", "torch", "serve", "compile")
 # A rehearsal's budget and the boxes it fixes: the golden tests take minutes
 # on the emulator.
 REHEARSAL_BUDGET_S = 900
-REHEARSAL_BOXES = {"device": 120, "golden": 360}
+REHEARSAL_BOXES = {"device": 120, "golden": 360, "compile": 120}
 
 
 class Settings:

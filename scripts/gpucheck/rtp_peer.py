@@ -18,6 +18,7 @@ import random
 import socket
 import struct
 import time
+import urllib.error
 import urllib.request
 
 PTIME_MS = 20
@@ -60,8 +61,12 @@ def http(method, url, body=None, timeout=5):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, json.loads(r.read().decode() or "null")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read().decode() or "null")
+    except urllib.error.HTTPError as e:
+        raise ValueError("%s %s answered %d: %s" % (method, url.split("/", 3)[-1], e.code,
+                                                     e.read().decode(errors="replace")[:200]))
 
 
 def find_key(v, key):
@@ -81,10 +86,23 @@ def find_key(v, key):
     return None
 
 
+def wait_idle(base, timeout_s):
+    """Waits until the daemon holds no session (the callers before it may
+    still be closing theirs), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, cap = http("GET", base + "/capacity")
+        if find_key(cap, "active_sessions") == 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def call(http_addr, seconds, folder=None):
     """Places the call; returns what it measured (raises OSError/ValueError
     on a daemon that does not answer as documented)."""
     base = "http://%s" % http_addr
+    wait_idle(base, 15)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(0.005)
