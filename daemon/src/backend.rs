@@ -19,13 +19,12 @@
 //! device, the CPU backend reads the tiny shape's and refuses a full-size
 //! one after its preflight.
 
-use crate::config::{Backend, Config, CudaPrecision, KvCacheType, CPU_DEFAULT_SLOTS};
-use anyhow::{bail, Context, Result};
+use crate::config::{Backend, Config, CPU_DEFAULT_SLOTS};
+use anyhow::{Context, Result};
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
 use moshid_kernels::device::emu::EmuDevice;
 use moshid_kernels::device::{Device, DeviceError};
-use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
-use moshid_kernels::plan::{KvDtype, MemoryPlan, PlanOptions};
+use moshid_kernels::model::{GpuModel, GpuOptions};
 use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::cpu::CpuModel;
 use moshid_model::streaming::StreamingModel;
@@ -108,30 +107,6 @@ fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
     })
 }
 
-/// The CUDA backend's precision, KV cache type and memory plan for `dir`
-/// under `config` (what [`gpu`] builds, and what `check-checkpoint` reports).
-pub fn cuda_plan(config: &Config, dir: &CheckpointDir) -> Result<(Precision, KvDtype, MemoryPlan)> {
-    let c = &config.model.cuda;
-    let (precision, kv) = match (c.precision, c.kv()) {
-        (CudaPrecision::Bf16, KvCacheType::Bf16) => (Precision::Bf16, KvDtype::Bf16),
-        (CudaPrecision::Bf16, KvCacheType::Fp8) => (Precision::Bf16, KvDtype::Fp8E4m3),
-        (CudaPrecision::F32, KvCacheType::F32) => (Precision::F32, KvDtype::F32),
-        (p, k) => bail!("config key `model.cuda.kv_cache`: {k:?} with precision {p:?}"),
-    };
-    let mut plan = MemoryPlan::new(
-        &dir.lm,
-        &dir.mimi,
-        &PlanOptions {
-            lm_kv: kv,
-            ..PlanOptions::default()
-        },
-    );
-    if precision == Precision::F32 {
-        plan.lm_weight_bytes *= 2;
-    }
-    Ok((precision, kv, plan))
-}
-
 /// The GPU model on `dev` (a [`CudaDevice`] when serving; any [`Device`] in tests).
 pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) -> Result<Built> {
     gpu_as("cuda", config, dir, dev)
@@ -145,7 +120,7 @@ fn gpu_as<D: Device + 'static>(
     dev: D,
 ) -> Result<Built> {
     let c = &config.model.cuda;
-    let (precision, kv, plan) = cuda_plan(config, dir)?;
+    let (precision, kv, plan) = crate::preflight::cuda_plan(config, dir)?;
     let name = dev.name();
     let (free, total) = dev.memory().context("reading the GPU's free memory")?;
     let reserve = c.memory_reserve_mib << 20;
@@ -213,6 +188,7 @@ fn random_shape(config: &Config) -> Option<&'static crate::random_weights::Rando
 mod tests {
     use super::*;
     use moshid_kernels::device::emu::EmuDevice;
+    use moshid_kernels::plan::{MemoryPlan, PlanOptions};
 
     fn fixture() -> CheckpointDir {
         let d = Path::new(concat!(

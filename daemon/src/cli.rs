@@ -300,7 +300,7 @@ pub fn main() -> ExitCode {
                 max_slots,
                 ..ServeArgs::default()
             };
-            crate::check_checkpoint::main(&dir, &setup)
+            crate::check_checkpoint::main(&dir, setup.resolve())
         }
         Command::Pull { repo } => crate::hub::pull_command(&repo),
     }

@@ -11,12 +11,14 @@
 //! every thread before returning.
 
 use crate::api::router::accept_loop;
+use crate::api::ApiShared;
+use crate::app::{CoreApp, Shared};
 use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
-use crate::io::app::{CoreApp, Shared};
 use crate::io::core::{dispatch_loop, CoreContext};
 use crate::session::params::ModelInfo;
+use crate::transport::sip::status::SipShared;
 use anyhow::{anyhow, bail, Context, Result};
 use glommio::{LocalExecutorBuilder, Placement};
 use moshid_model::checkpoint::CheckpointDir;
@@ -193,6 +195,22 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             moshid_model::lm::EndOfStream::DrainUntilText { text_eos_id, .. } => Some(text_eos_id),
             moshid_model::lm::EndOfStream::WithInput => None,
         },
+        prompts: if model.takes_prompts() {
+            let tok = dir
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| anyhow!("a model with prompts needs its tokenizer"))?;
+            let encoder = moshid_model::spm_encode::Encoder::from_file(tok)
+                .map_err(|e| anyhow!("{}: {e}", tok.display()))?;
+            Some(std::sync::Arc::new(crate::session::prompt::PromptSetup {
+                voice_dir: config.model.voice_dir.clone(),
+                encoder,
+                lm: dir.lm.clone(),
+                frame_samples: model.frame_samples(),
+            }))
+        } else {
+            None
+        },
     };
     let description = if let Some(shape) = random {
         format!(
@@ -323,6 +341,10 @@ pub fn run(
         config.engine.queued_frames_per_slot,
         config.engine.warmup_steps,
     );
+    engine.set_prompt_bounds(
+        config.engine.prompt_cache_entries,
+        config.engine.prompt_frames_per_tick,
+    );
     if let Some(hook) = hooks.on_tick.take() {
         engine.set_tick_hook(hook);
     }
@@ -338,10 +360,13 @@ pub fn run(
         })
         .context("starting the engine thread")?;
 
-    let mut shared = Shared::new(config.clone(), loaded.pieces, loaded.info);
-    shared.model = loaded.about;
-    shared.tls = tls;
-    let shared = Arc::new(shared);
+    let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
+    let api = Arc::new(ApiShared {
+        rtp: Arc::default(),
+        sip: Arc::new(SipShared::new(&config.sip)),
+        model: loaded.about,
+        tls,
+    });
     let lifecycle = Arc::new(AtomicU8::new(RUNNING));
     if config.audiosocket.enabled {
         crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
@@ -368,6 +393,7 @@ pub fn run(
             port,
             engine_shared.clone(),
             shared.clone(),
+            api.clone(),
             lifecycle.clone(),
             bound_tx.clone(),
         )?;
@@ -485,6 +511,7 @@ fn spawn_core(
     port: CorePort,
     engine: Arc<EngineShared>,
     shared: Arc<Shared>,
+    api: Arc<ApiShared>,
     lifecycle: Arc<AtomicU8>,
     bound: mpsc::Sender<Bound>,
 ) -> Result<glommio::ExecutorJoinHandle<()>> {
@@ -570,9 +597,11 @@ fn spawn_core(
                     out,
                     sip_tcp,
                     app.clone(),
+                    api.rtp.clone(),
+                    api.sip.clone(),
                 ))
             });
-            let acceptor = glommio::spawn_local(accept_loop(listener, app));
+            let acceptor = glommio::spawn_local(accept_loop(listener, app, api));
             let _ = bound.send(Ok((local, audiosocket_local, sip_local)));
             let mut acceptor = Some(acceptor);
             loop {

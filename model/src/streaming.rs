@@ -16,6 +16,9 @@ use std::sync::Arc;
 pub struct SessionParams {
     /// Decoding parameters (temperatures, top-k, seed, guidance, conditions).
     pub gen: GenParams,
+    /// The session's prompt (models with a prompt prefill; ignored by the
+    /// others).
+    pub prompt: Prompt,
 }
 
 /// Why a step failed for one slot (the others are unaffected).
@@ -81,6 +84,9 @@ pub struct Prompt {
     /// The role text's token ids (wrapped and tokenized as the model's
     /// server does).
     pub text_tokens: Vec<u32>,
+    /// What identifies this prompt for a cache of prefilled states (equal
+    /// keys must mean equal prompts); `None`: never cached.
+    pub cache_key: Option<String>,
 }
 
 /// Where a slot's prompt stands after [`StreamingModel::prompt_chunk`].

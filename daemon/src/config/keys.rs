@@ -23,7 +23,7 @@
 //! side effect of the configuration runs; the walk ends (a key path only
 //! grows through struct fields, which are finite and non-recursive here).
 
-use crate::config::Config;
+use super::Config;
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor,
 };
