@@ -40,7 +40,7 @@ pub fn tone(rate: u32, start: usize, n: usize) -> Vec<i16> {
 pub fn ulaw_file(dir: &Path, seconds: u32) -> PathBuf {
     let bytes: Vec<u8> = tone(8000, 0, 8000 * seconds as usize)
         .into_iter()
-        .map(moshid::telephony::g711::linear_to_ulaw)
+        .map(moshid_telephony::g711::linear_to_ulaw)
         .collect();
     let path = dir.join("tone.ulaw");
     std::fs::write(&path, bytes).expect("writing the tone");

@@ -408,6 +408,12 @@ pub trait Device: Send {
     fn graph_nodes(&self, _graph: GraphId) -> Option<usize> {
         None
     }
+
+    /// Multiprocessors (CUDA's SMs) that blocks spread over: launch shapes
+    /// are sized by it (the attention's splits). One where unknown.
+    fn multiprocessors(&self) -> usize {
+        1
+    }
 }
 
 fn no_events() -> DeviceError {
@@ -503,6 +509,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
         (**self).graph_nodes(graph)
+    }
+    fn multiprocessors(&self) -> usize {
+        (**self).multiprocessors()
     }
 }
 

@@ -210,135 +210,129 @@ fn mimi_transformer(cfg: &MimiConfig, rows: usize, keys: usize) -> Cost {
     per_layer * t.num_layers as f64
 }
 
+/// Mimi's phases for `slots` slots with `used` codebooks: (encoder convs,
+/// one transformer, RVQ encode, RVQ decode, decoder convs), f32.
+fn mimi_costs(mimi: &MimiConfig, slots: usize, used: usize) -> [Cost; 5] {
+    // Convolutions in execution order: encoder, down-sampler, up-sampler,
+    // decoder.
+    let sn = &mimi.seanet;
+    let per_block = sn.n_residual_layers * if sn.true_skip { 2 } else { 3 } + 1;
+    let n_enc = 2 + sn.ratios.len() * per_block + usize::from(mimi.downsample_stride() > 1);
+    let (mut enc, mut dec) = (Cost::default(), Cost::default());
+    for (i, c) in mimi_convs(mimi).iter().enumerate() {
+        if i < n_enc {
+            enc += conv(c, slots);
+        } else {
+            dec += conv(c, slots);
+        }
+    }
+    let tr_rows = slots * mimi.downsample_stride();
+    let tr = mimi_transformer(mimi, tr_rows, mimi.transformer.context);
+    let q = &mimi.quantizer;
+    let (b, dim, bins, used) = (slots as f64, q.dimension as f64, q.bins as f64, used as f64);
+    let (din, dout) = (q.input_dimension as f64, q.output_dimension as f64);
+    let rvq_enc = Cost {
+        // Input projections of the two splits, the codebooks in use with
+        // their norms; the latent in, codes out.
+        bytes: 4.0 * (2.0 * dim * din + used * bins * (dim + 1.0) + b * (din + used)),
+        flops: 2.0 * b * (2.0 * dim * din + used * bins * dim),
+    };
+    let rvq_dec = Cost {
+        bytes: 4.0 * (2.0 * dim * dout + b * used * dim + b * (dout + used)),
+        flops: 2.0 * b * 2.0 * dim * dout,
+    };
+    [enc, tr, rvq_enc, rvq_dec, dec]
+}
+
+/// The depformer's phases for `rows` rows: (GEMMs, attention, small,
+/// sampling) over its `dep_q` steps, step k attending keys 0..=k.
+fn depformer_costs(lm: &LmConfig, rows: usize, a: usize) -> [Cost; 4] {
+    let ds = depformer_shape(lm);
+    let (in_index, _) = depformer_in_indices(lm);
+    let (dd, r) = (ds.dim as f64, rows as f64);
+    let mut c = [Cost::default(); 4];
+    for (k, _) in in_index.iter().enumerate().take(lm.dep_q) {
+        c[0] += linear(rows, ds.dim, lm.dim, a, false);
+        if let Some(rank) = lm.depformer.low_rank_embeddings {
+            c[0] += linear(rows, ds.dim, rank, a, true);
+        }
+        let [lg, la, ls] = stack_layer(&ds, rows, k + 1, a, a);
+        c[0] += lg * ds.layers as f64;
+        c[1] += la * ds.layers as f64;
+        c[2] += ls * ds.layers as f64;
+        // Embedding row added into the f32 stream; the head's norm or cast.
+        c[2] += Cost {
+            bytes: r * (dd * a as f64 + 2.0 * dd * 4.0) + r * (dd * 4.0 + dd * a as f64),
+            flops: 0.0,
+        };
+        c[0] += linear(rows, lm.card, ds.dim, a, false);
+        c[3] += Cost {
+            bytes: r * lm.card as f64 * 4.0,
+            flops: 0.0,
+        };
+    }
+    c
+}
+
 /// Every phase's work for one step of `lm` + `mimi` at `s`, in step order.
 pub fn step_costs(lm: &LmConfig, mimi: &MimiConfig, s: &StepShape) -> Vec<PhaseCost> {
     let rows = s.slots * s.rows_per_slot;
     let (a, r) = (s.act_bytes, rows as f64);
-    let lm_matrix = if a == 2 { Matrix::Bf16 } else { Matrix::F32 };
-    let mut out = Vec::new();
-    let mut push = |phase, cost, matrix, link| {
-        out.push(PhaseCost {
-            phase,
-            cost,
-            matrix,
-            link,
-        })
-    };
+    let lm_m = if a == 2 { Matrix::Bf16 } else { Matrix::F32 };
+    let (f32_m, hbm) = (Matrix::F32, Link::Hbm);
     let layout = Layout::new(s.slots, s.rows_per_slot, lm.dep_q, mimi.frame_samples());
     let copies = Cost {
         bytes: (layout.in_bytes + layout.out_bytes) as f64,
         flops: 0.0,
     };
-    push(Phase::Copies, copies, Matrix::F32, Link::Host);
-
-    // Mimi: convolutions in execution order (encoder, down-sampler,
-    // up-sampler, decoder), f32.
-    let convs = mimi_convs(mimi);
-    let sn = &mimi.seanet;
-    let per_block = sn.n_residual_layers * if sn.true_skip { 2 } else { 3 } + 1;
-    let n_enc = 2 + sn.ratios.len() * per_block + usize::from(mimi.downsample_stride() > 1);
-    let mut enc_convs = Cost::default();
-    let mut dec_convs = Cost::default();
-    for (i, c) in convs.iter().enumerate() {
-        if i < n_enc {
-            enc_convs += conv(c, s.slots);
-        } else {
-            dec_convs += conv(c, s.slots);
-        }
-    }
-    let tr_rows = s.slots * mimi.downsample_stride();
-    let tr = mimi_transformer(mimi, tr_rows, mimi.transformer.context);
-    let q = &mimi.quantizer;
-    let (b, dim, bins) = (s.slots as f64, q.dimension as f64, q.bins as f64);
-    let used = lm.dep_q as f64;
-    let rvq_enc = Cost {
-        // Input projections of the two splits, the codebooks in use with
-        // their norms; the latent in, codes out.
-        bytes: 4.0
-            * (2.0 * dim * q.input_dimension as f64
-                + used * bins * (dim + 1.0)
-                + b * (q.input_dimension as f64 + used)),
-        flops: 2.0 * b * (2.0 * dim * q.input_dimension as f64 + used * bins * dim),
-    };
-    let rvq_dec = Cost {
-        bytes: 4.0
-            * (2.0 * dim * q.output_dimension as f64
-                + b * used * dim
-                + b * (q.output_dimension as f64 + used)),
-        flops: 2.0 * b * 2.0 * dim * q.output_dimension as f64,
-    };
-    push(Phase::MimiEncSeanet, enc_convs, Matrix::F32, Link::Hbm);
-    push(Phase::MimiEncXfmr, tr, Matrix::F32, Link::Hbm);
-    push(Phase::MimiEncRvq, rvq_enc, Matrix::F32, Link::Hbm);
-
-    // Temporal transformer.
+    let [enc, tr, rvq_enc, rvq_dec, dec] = mimi_costs(mimi, s.slots, lm.dep_q);
     let ts = temporal_shape(lm);
     let [g, at, sm] = stack_layer(&ts, rows, s.keys, a, s.kv_bytes);
-    let layers = ts.layers as f64;
-    let d = lm.dim as f64;
-    let embed = Cost {
+    let (layers, d) = (ts.layers as f64, lm.dim as f64);
+    let mut lm_small = sm * layers;
+    lm_small += Cost {
         // The codebooks' embedding rows (act), condition rows and the
         // residual stream (f32), the out-norm.
         bytes: r * (lm.num_codebooks() as f64 * d * a as f64 + 2.0 * d * 4.0)
             + r * (d * 4.0 + d * a as f64),
         flops: 0.0,
     };
-    let mut lm_small = sm * layers;
-    lm_small += embed;
-    push(Phase::LmSmall, lm_small, lm_matrix, Link::Hbm);
-    push(Phase::LmGemm, g * layers, lm_matrix, Link::Hbm);
-    push(Phase::LmAttn, at * layers, lm_matrix, Link::Hbm);
-    push(
-        Phase::LmHead,
-        linear(rows, lm.text_card, lm.dim, a, false),
-        lm_matrix,
-        Link::Hbm,
-    );
     let text_sample = Cost {
         bytes: r * lm.text_card as f64 * 4.0,
         flops: 0.0,
     };
-    push(Phase::LmSample, text_sample, lm_matrix, Link::Hbm);
-
-    // Depformer: dep_q steps, step k attending keys 0..=k.
-    let ds = depformer_shape(lm);
-    let (in_index, _) = depformer_in_indices(lm);
-    let dd = ds.dim as f64;
-    let (mut dg, mut dat, mut dsm, mut dsa) = (
-        Cost::default(),
-        Cost::default(),
-        Cost::default(),
-        Cost::default(),
-    );
-    for (k, _) in in_index.iter().enumerate().take(lm.dep_q) {
-        dg += linear(rows, ds.dim, lm.dim, a, false);
-        if let Some(rank) = lm.depformer.low_rank_embeddings {
-            dg += linear(rows, ds.dim, rank, a, true);
-        }
-        let [lg, la, ls] = stack_layer(&ds, rows, k + 1, a, a);
-        dg += lg * ds.layers as f64;
-        dat += la * ds.layers as f64;
-        dsm += ls * ds.layers as f64;
-        // Embedding row added into the f32 stream; the head's norm or cast.
-        dsm += Cost {
-            bytes: r * (dd * a as f64 + 2.0 * dd * 4.0) + r * (dd * 4.0 + dd * a as f64),
-            flops: 0.0,
-        };
-        dg += linear(rows, lm.card, ds.dim, a, false);
-        dsa += Cost {
-            bytes: r * lm.card as f64 * 4.0,
-            flops: 0.0,
-        };
-    }
-    push(Phase::DepGemm, dg, lm_matrix, Link::Hbm);
-    push(Phase::DepAttn, dat, lm_matrix, Link::Hbm);
-    push(Phase::DepSmall, dsm, lm_matrix, Link::Hbm);
-    push(Phase::DepSample, dsa, lm_matrix, Link::Hbm);
-
-    push(Phase::MimiDecRvq, rvq_dec, Matrix::F32, Link::Hbm);
-    push(Phase::MimiDecXfmr, tr, Matrix::F32, Link::Hbm);
-    push(Phase::MimiDecSeanet, dec_convs, Matrix::F32, Link::Hbm);
-    out
+    let [dg, dat, dsm, dsa] = depformer_costs(lm, rows, a);
+    [
+        (Phase::Copies, copies, f32_m, Link::Host),
+        (Phase::MimiEncSeanet, enc, f32_m, hbm),
+        (Phase::MimiEncXfmr, tr, f32_m, hbm),
+        (Phase::MimiEncRvq, rvq_enc, f32_m, hbm),
+        (Phase::LmSmall, lm_small, lm_m, hbm),
+        (Phase::LmGemm, g * layers, lm_m, hbm),
+        (Phase::LmAttn, at * layers, lm_m, hbm),
+        (
+            Phase::LmHead,
+            linear(rows, lm.text_card, lm.dim, a, false),
+            lm_m,
+            hbm,
+        ),
+        (Phase::LmSample, text_sample, lm_m, hbm),
+        (Phase::DepGemm, dg, lm_m, hbm),
+        (Phase::DepAttn, dat, lm_m, hbm),
+        (Phase::DepSmall, dsm, lm_m, hbm),
+        (Phase::DepSample, dsa, lm_m, hbm),
+        (Phase::MimiDecRvq, rvq_dec, f32_m, hbm),
+        (Phase::MimiDecXfmr, tr, f32_m, hbm),
+        (Phase::MimiDecSeanet, dec, f32_m, hbm),
+    ]
+    .into_iter()
+    .map(|(phase, cost, matrix, link)| PhaseCost {
+        phase,
+        cost,
+        matrix,
+        link,
+    })
+    .collect()
 }
 
 #[cfg(test)]

@@ -148,6 +148,60 @@ fn run_on<D: Device>(
     Ok(measured)
 }
 
+/// Builds the model for the largest size of `fits` on `dev`; if the plan was
+/// optimistic, falls back to the next smaller size on a fresh device (each
+/// size dropped is a skip). `None` when no size fits.
+fn build<D: Device>(
+    a: &Args,
+    (lm, mimi): (&LmConfig, &MimiConfig),
+    graphs: bool,
+    dev: D,
+    fits: &mut Vec<usize>,
+    skips: &mut Vec<Skip>,
+    open_device: &impl Fn() -> Result<D, String>,
+) -> Result<Option<GpuModel<Profiled<D>>>, String> {
+    let mut dev = Some(dev);
+    while let Some(&max_slots) = fits.last() {
+        let d = match dev.take() {
+            Some(d) => d,
+            None => open_device()?,
+        };
+        let opts = GpuOptions {
+            max_slots,
+            precision: if a.f32_weights {
+                Precision::F32
+            } else {
+                Precision::Bf16
+            },
+            kv: a.kv,
+            graphs,
+            buckets: BucketPolicy::default(),
+        };
+        let t = Instant::now();
+        match GpuModel::random(Profiled::new(d), lm, mimi, 0x6d6f_7368_6964, &opts) {
+            Ok(m) => {
+                println!(
+                    "model built for {max_slots} slots (graphs {}) in {:.1} s",
+                    if graphs { "on" } else { "off" },
+                    t.elapsed().as_secs_f64()
+                );
+                return Ok(Some(m));
+            }
+            Err(e) if is_oom(&e) => {
+                println!("batch {max_slots}: skipped, out of memory while building: {e}");
+                skips.push(Skip {
+                    graphs,
+                    batch: max_slots,
+                    why: format!("out of memory while building: {e}"),
+                });
+                fits.pop();
+            }
+            Err(e) => return Err(format!("building the model: {e}")),
+        }
+    }
+    Ok(None)
+}
+
 /// One context: a model per graphs mode, every batch size timed (and
 /// profiled); the report rewritten after each.
 fn run_context<D: Device>(
@@ -202,49 +256,15 @@ fn run_context<D: Device>(
                 }
             }
         }
-        // Build for the largest size that fits; if the plan was optimistic,
-        // fall back to the next smaller one on a fresh device.
-        let mut dev = Some(dev);
-        let mut model = None;
-        while let Some(&max_slots) = fits.last() {
-            let d = match dev.take() {
-                Some(d) => d,
-                None => open_device()?,
-            };
-            let opts = GpuOptions {
-                max_slots,
-                precision: if a.f32_weights {
-                    Precision::F32
-                } else {
-                    Precision::Bf16
-                },
-                kv: a.kv,
-                graphs,
-                buckets: BucketPolicy::default(),
-            };
-            let t = Instant::now();
-            match GpuModel::random(Profiled::new(d), lm, mimi, 0x6d6f_7368_6964, &opts) {
-                Ok(m) => {
-                    println!(
-                        "model built for {max_slots} slots (graphs {}) in {:.1} s",
-                        if graphs { "on" } else { "off" },
-                        t.elapsed().as_secs_f64()
-                    );
-                    model = Some(m);
-                    break;
-                }
-                Err(e) if is_oom(&e) => {
-                    println!("batch {max_slots}: skipped, out of memory while building: {e}");
-                    res.skips.push(Skip {
-                        graphs,
-                        batch: max_slots,
-                        why: format!("out of memory while building: {e}"),
-                    });
-                    fits.pop();
-                }
-                Err(e) => return Err(format!("building the model: {e}")),
-            }
-        }
+        let model = build(
+            a,
+            (lm, mimi),
+            graphs,
+            dev,
+            &mut fits,
+            &mut res.skips,
+            open_device,
+        )?;
         if let Some(mut m) = model {
             let (g, tm) = (gpu.clone(), total_mem);
             measure(&mut m, (lm, mimi), a, graphs, &fits, rates, &mut res, |r| {
@@ -352,6 +372,44 @@ mod tests {
         assert!(md.contains("graphs off: "), "{md}");
     }
 
+    /// One batch's profile: no error, GPU time, every phase (but `other`)
+    /// once with calls that add up to the step's, floors, ten slowest calls,
+    /// and with graphs the captured graph's nodes equal to the calls.
+    fn check_profile(p: &serde_json::Value) {
+        assert!(p["error"].is_null(), "{p}");
+        assert!(p["gpu_ms"].as_f64().unwrap() > 0.0, "{p}");
+        let calls = p["calls_per_step"].as_u64().unwrap();
+        if p["graphs"].as_bool().unwrap() {
+            assert_eq!(p["graph_nodes"].as_u64(), Some(calls), "{p}");
+        }
+        let phases = p["phases"].as_array().unwrap();
+        let names: Vec<&str> = phases
+            .iter()
+            .map(|r| r["phase"].as_str().unwrap())
+            .collect();
+        let want: Vec<&str> = moshid_kernels::device::Phase::ALL
+            .iter()
+            .filter(|&&ph| ph != moshid_kernels::device::Phase::Other)
+            .map(|ph| ph.name())
+            .collect();
+        let (mut n2, mut w2) = (names.clone(), want.clone());
+        n2.sort_unstable();
+        w2.sort_unstable();
+        assert_eq!(n2, w2);
+        let mut sum = 0;
+        for r in phases {
+            let c = r["calls"].as_u64().unwrap();
+            assert!(c > 0, "phase {} has no call: {p}", r["phase"]);
+            assert!(r["floor_ms"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["bytes"].as_f64().unwrap() > 0.0, "{r}");
+            sum += c;
+        }
+        assert_eq!(sum, calls, "every call of the step is in a phase: {p}");
+        let slowest = p["slowest_calls"].as_array().unwrap();
+        assert_eq!(slowest.len(), 10, "{p}");
+        assert!(p["x_floor"].as_f64().unwrap() > 0.0);
+    }
+
     /// The profile end to end on the emulator (its timings say nothing; the
     /// plumbing, phases, call counts and JSON are what is checked): a
     /// context sweep, both graph modes, every phase the model runs seen
@@ -411,40 +469,7 @@ mod tests {
             seen,
             vec![(8, true, 2), (8, false, 2), (12, true, 2), (12, false, 2)]
         );
-        for p in profiles {
-            assert!(p["error"].is_null(), "{p}");
-            assert!(p["gpu_ms"].as_f64().unwrap() > 0.0, "{p}");
-            let calls = p["calls_per_step"].as_u64().unwrap();
-            if p["graphs"].as_bool().unwrap() {
-                assert_eq!(p["graph_nodes"].as_u64(), Some(calls), "{p}");
-            }
-            let phases = p["phases"].as_array().unwrap();
-            let names: Vec<&str> = phases
-                .iter()
-                .map(|r| r["phase"].as_str().unwrap())
-                .collect();
-            let want: Vec<&str> = moshid_kernels::device::Phase::ALL
-                .iter()
-                .filter(|&&ph| ph != moshid_kernels::device::Phase::Other)
-                .map(|ph| ph.name())
-                .collect();
-            let (mut n2, mut w2) = (names.clone(), want.clone());
-            n2.sort_unstable();
-            w2.sort_unstable();
-            assert_eq!(n2, w2);
-            let mut sum = 0;
-            for r in phases {
-                let c = r["calls"].as_u64().unwrap();
-                assert!(c > 0, "phase {} has no call: {p}", r["phase"]);
-                assert!(r["floor_ms"].as_f64().unwrap() > 0.0, "{r}");
-                assert!(r["bytes"].as_f64().unwrap() > 0.0, "{r}");
-                sum += c;
-            }
-            assert_eq!(sum, calls, "every call of the step is in a phase: {p}");
-            let slowest = p["slowest_calls"].as_array().unwrap();
-            assert_eq!(slowest.len(), 10, "{p}");
-            assert!(p["x_floor"].as_f64().unwrap() > 0.0);
-        }
+        profiles.iter().for_each(check_profile);
         let md = std::fs::read_to_string(json.with_extension("md")).unwrap();
         assert!(
             md.contains("| lm.attn |") && md.contains("slowest calls"),

@@ -115,6 +115,9 @@ fn collect<D: Device>(
     *first += a.profile_steps;
     let got = model.device_mut().take_collected();
     let (times, _) = timed?;
+    if let Some(e) = got.error {
+        return Err(format!("{mode:?}: reading the events: {e}"));
+    }
     if got.steps.is_empty() {
         return Err(format!("{mode:?}: no step was timed"));
     }

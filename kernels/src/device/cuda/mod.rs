@@ -180,6 +180,8 @@ pub struct CudaDevice {
     name: String,
     arch: Arch,
     capability: (u32, u32),
+    /// Multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`).
+    sms: usize,
     driver_version: i32,
     debug_sync: bool,
     /// How each module was loaded (SASS, or PTX and why), one line each.
@@ -224,6 +226,10 @@ impl CudaDevice {
         let (major, minor) = call("cuDeviceGetAttribute", || ctx.compute_capability())?;
         let capability = (major.max(0) as u32, minor.max(0) as u32);
         let gpu = call("cuDeviceGetName", || ctx.name())?;
+        let sms = call("cuDeviceGetAttribute", || {
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        })?
+        .max(1) as usize;
         let arch = Arch::from_compute_capability(capability.0, capability.1)?;
         let stream = call("cuStreamCreate", || ctx.new_stream())?;
         let mut dev = CudaDevice {
@@ -241,6 +247,7 @@ impl CudaDevice {
             name: format!("{gpu} (sm_{}{})", capability.0, capability.1),
             arch,
             capability,
+            sms,
             driver_version,
             debug_sync: opts.debug_sync,
             load_report: Vec::new(),
@@ -465,6 +472,10 @@ impl Device for CudaDevice {
 
     fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
         self.graph_nodes.get(graph.0 as usize).copied()
+    }
+
+    fn multiprocessors(&self) -> usize {
+        self.sms
     }
 }
 

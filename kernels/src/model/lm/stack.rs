@@ -17,7 +17,7 @@ use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, StackPhases, NULL};
-use crate::ops::attention::{AttnShape, KvType};
+use crate::ops::attention::{attn_partial_floats, attn_splits, AttnShape, KvType};
 pub use moshid_model::lm::StackShape;
 
 struct SetWeights {
@@ -76,6 +76,10 @@ pub struct Stack {
     kv_bytes: usize,
     /// The profile's phases of this stack's calls.
     phases: StackPhases,
+    /// The device's multiprocessors (the attention's splits).
+    sms: usize,
+    /// f32 partial results of split attention, for the largest call.
+    partial: DevPtr,
 }
 
 impl Stack {
@@ -161,6 +165,8 @@ impl Stack {
                 v_cache: dev.alloc(kv_elems * kv.bytes())?,
             });
         }
+        let sms = dev.multiprocessors();
+        let partial = split_partials(dev, &shape, cache_rows, sms)?;
         let freqs = match shape.rope {
             Some(rope) => {
                 let hd = shape.head_dim();
@@ -180,6 +186,8 @@ impl Stack {
             kv,
             act,
             phases,
+            sms,
+            partial,
         })
     }
 
@@ -251,15 +259,8 @@ impl Stack {
     ) -> DeviceResult<()> {
         let sh = &self.shape;
         let (d, hid, act) = (sh.dim, sh.hidden, self.act);
-        let attn_shape = AttnShape {
-            dim: d,
-            heads: sh.heads,
-            kv_heads: sh.kv_heads,
-            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
-            capacity: sh.capacity,
-            context: sh.context,
-            rows,
-        };
+        let attn_shape = attn_shape(sh, rows);
+        let splits = attn_splits(&attn_shape, sh.context, self.sms);
         let ph = self.phases;
         for layer in &self.layers {
             let w = &layer.sets[set];
@@ -279,15 +280,14 @@ impl Stack {
                 layer.v_cache,
                 &attn_shape,
             )?;
-            k.attn.attend(
+            k.attn.attend_split(
                 dev,
                 self.kv,
                 act,
                 sc.qkv,
-                layer.k_cache,
-                layer.v_cache,
-                row_info,
+                (layer.k_cache, layer.v_cache, row_info),
                 &attn_shape,
+                (splits, self.partial),
                 sc.attn,
             )?;
             dev.phase(ph.gemm);
@@ -304,4 +304,41 @@ impl Stack {
         }
         Ok(())
     }
+}
+
+/// The attention shape of a call of `rows` rows of stack `sh`.
+fn attn_shape(sh: &StackShape, rows: usize) -> AttnShape {
+    AttnShape {
+        dim: sh.dim,
+        heads: sh.heads,
+        kv_heads: sh.kv_heads,
+        rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
+        capacity: sh.capacity,
+        context: sh.context,
+        rows,
+    }
+}
+
+/// Checks the attention's shape (head width) at load and allocates the
+/// partial results of its largest split call of up to `max_rows` rows on a
+/// device of `sms` multiprocessors (NULL when no call splits).
+fn split_partials<D: Device + ?Sized>(
+    dev: &mut D,
+    shape: &StackShape,
+    max_rows: usize,
+    sms: usize,
+) -> Result<DevPtr, GpuError> {
+    attn_shape(shape, 1).head_dim()?;
+    let floats = (1..=max_rows.max(1))
+        .map(|r| {
+            let s = attn_shape(shape, r);
+            attn_partial_floats(&s, attn_splits(&s, shape.context, sms))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(if floats > 0 {
+        scratch(dev, floats, DType::F32)?
+    } else {
+        NULL
+    })
 }

@@ -38,7 +38,7 @@ mod weights;
 
 use super::GpuError;
 use crate::device::{DevPtr, Device, DeviceError, DeviceResult, Phase};
-use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM};
+use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM, ATT_VEC};
 use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::norm::NormKernels;
@@ -132,9 +132,9 @@ impl Skeleton {
             ));
         }
         let hd = tr.d_model / tr.num_heads;
-        if !hd.is_multiple_of(2) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
+        if !hd.is_multiple_of(ATT_VEC) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
             return Err(GpuError::Unsupported(format!(
-                "transformer head width {hd} (even, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
+                "transformer head width {hd} (a multiple of {ATT_VEC}, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
                 tr.context
             )));
         }
