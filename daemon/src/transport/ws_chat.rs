@@ -46,6 +46,7 @@ use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
+use crate::protocol::{kind, parse_client_message, ClientMessage};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::ws_out::{self, PushError, WsOut};
@@ -58,56 +59,6 @@ use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt, StreamExt};
 use futures_util::SinkExt;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-
-/// Message kinds of the protocol.
-pub mod kind {
-    /// Sent by the server when the session is ready.
-    pub const HANDSHAKE: u8 = 0x00;
-    /// Ogg Opus bytes.
-    pub const AUDIO: u8 = 0x01;
-    /// A UTF-8 text piece.
-    pub const TEXT: u8 = 0x02;
-    /// Control.
-    pub const CONTROL: u8 = 0x03;
-    /// JSON metadata.
-    pub const METADATA: u8 = 0x04;
-    /// A UTF-8 error message; the server closes after it.
-    pub const ERROR: u8 = 0x05;
-    /// Ping.
-    pub const PING: u8 = 0x06;
-}
-
-/// What one binary client message asks of the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientMessage<'a> {
-    /// Ogg Opus bytes (kind `0x01`), any split of the stream's pages.
-    Audio(&'a [u8]),
-    /// `0x03 0x01`: the client's input is finished; the server answers the
-    /// frames in flight, sends the session's metadata and closes.
-    EndOfInput,
-    /// A kind the server accepts and ignores: handshake echoes, text,
-    /// control, metadata, ping and unknown kinds.
-    Ignored(u8),
-    /// An empty message: a protocol error.
-    Empty,
-}
-
-/// Classifies one binary client message by its first byte (pure: the
-/// session acts on the result; fuzzed in `fuzz/`).
-pub fn parse_client_message(data: &[u8]) -> ClientMessage<'_> {
-    match data.split_first() {
-        None => ClientMessage::Empty,
-        Some((&kind::AUDIO, payload)) => ClientMessage::Audio(payload),
-        Some((&kind::CONTROL, [control::END_OF_INPUT, ..])) => ClientMessage::EndOfInput,
-        Some((&k, _)) => ClientMessage::Ignored(k),
-    }
-}
-
-/// Control messages (kind `0x03`, first payload byte).
-pub mod control {
-    /// The client has sent all its audio (Kyutai's "end turn" position).
-    pub const END_OF_INPUT: u8 = 0x01;
-}
 
 /// How long a session waits for the engine to answer a frame before it
 /// gives up on it (the engine ticks every 80 ms; this is many ticks).
