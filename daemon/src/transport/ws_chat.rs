@@ -49,6 +49,7 @@ use crate::metrics::Stage;
 use crate::protocol::{kind, parse_client_message, ClientMessage};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::link::ws_end_reason;
 use crate::transport::ws_out::{self, PushError, WsOut};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -253,7 +254,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                 Event::Outputs => {}
                 Event::IdleTimeout => return EndReason::IdleTimeout,
                 Event::Incoming(None) => return EndReason::ClientClosed,
-                Event::Incoming(Some(Err(e))) => return classify_ws_error(e),
+                Event::Incoming(Some(Err(e))) => return ws_end_reason(e),
                 Event::Incoming(Some(Ok(msg))) => {
                     if let Some(reason) = self.on_message(msg).await {
                         return reason;
@@ -620,25 +621,4 @@ async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(
             reason: reason.label().into(),
         }))
         .await;
-}
-
-fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
-    use async_tungstenite::tungstenite::Error;
-    match e {
-        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
-        Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
-            _ => EndReason::ProtocolError(format!("connection error: {io}")),
-        },
-        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
-        Error::Protocol(p) => match p {
-            async_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake => {
-                EndReason::ClientClosed
-            }
-            other => EndReason::ProtocolError(format!("WebSocket protocol: {other}")),
-        },
-        other => EndReason::ProtocolError(other.to_string()),
-    }
 }

@@ -48,7 +48,7 @@ use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
-use crate::transport::link::EngineLink;
+use crate::transport::link::{ws_end_reason, EngineLink};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use async_tungstenite::tungstenite::protocol::CloseFrame;
@@ -239,7 +239,7 @@ async fn await_start(
         let msg = match glommio::timer::timeout(idle, async { Ok(ws.next().await) }).await {
             Err(_) => return Err(EndReason::IdleTimeout),
             Ok(None) => return Err(EndReason::ClientClosed),
-            Ok(Some(Err(e))) => return Err(classify_ws_error(e)),
+            Ok(Some(Err(e))) => return Err(ws_end_reason(e)),
             Ok(Some(Ok(m))) => m,
         };
         let text = match msg {
@@ -404,7 +404,7 @@ impl Stream {
             match wake {
                 Wake::Engine | Wake::Timer => {}
                 Wake::Message(None) => return EndReason::ClientClosed,
-                Wake::Message(Some(Err(e))) => return classify_ws_error(e),
+                Wake::Message(Some(Err(e))) => return ws_end_reason(e),
                 Wake::Message(Some(Ok(msg))) => {
                     self.last_rx = Instant::now();
                     if let Err(reason) = self.on_message(msg).await {
@@ -595,7 +595,7 @@ impl Stream {
         self.ws
             .send(Message::Text(text))
             .await
-            .map_err(classify_ws_error)
+            .map_err(ws_end_reason)
     }
 
     /// Releases the slot, tells the client how the stream ended, logs it.
@@ -721,23 +721,4 @@ async fn goodbye(ws: &mut Ws, sid: Option<&str>, reason: &EndReason) {
             reason: text[..cut].to_string().into(),
         }))
         .await;
-}
-
-fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
-    use async_tungstenite::tungstenite::error::ProtocolError;
-    use async_tungstenite::tungstenite::Error;
-    match e {
-        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
-        Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
-            std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
-            _ => EndReason::ProtocolError(format!("connection error: {io}")),
-        },
-        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
-        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => EndReason::ClientClosed,
-        Error::Protocol(p) => EndReason::ProtocolError(format!("WebSocket protocol: {p}")),
-        other => EndReason::ProtocolError(other.to_string()),
-    }
 }
