@@ -186,28 +186,3 @@ impl EngineLink {
         self.app.ctx.end_session(self.ticket);
     }
 }
-
-/// How a WebSocket session ends on an error of its socket or of the
-/// WebSocket protocol (the chat and Media Streams sessions alike): the
-/// peer closing or resetting is `ClientClosed`; a write that timed out —
-/// the socket's write timeout, `session.send_timeout_ms`, where the session
-/// sets one — means the peer stopped reading (`SlowConsumer`); anything
-/// else is a protocol error naming the cause.
-pub fn ws_end_reason(e: async_tungstenite::tungstenite::Error) -> EndReason {
-    use async_tungstenite::tungstenite::error::ProtocolError;
-    use async_tungstenite::tungstenite::Error;
-    match e {
-        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
-        Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
-            std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
-            _ => EndReason::ProtocolError(format!("connection error: {io}")),
-        },
-        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
-        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => EndReason::ClientClosed,
-        Error::Protocol(p) => EndReason::ProtocolError(format!("WebSocket protocol: {p}")),
-        other => EndReason::ProtocolError(other.to_string()),
-    }
-}

@@ -49,7 +49,7 @@ use crate::metrics::Stage;
 use crate::protocol::{kind, parse_client_message, ClientMessage};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
-use crate::transport::link::ws_end_reason;
+use crate::transport::session::{self, ws_end_reason, Admitted};
 use crate::transport::ws_out::{self, PushError, WsOut};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -164,9 +164,13 @@ where
             return rec;
         }
     };
-    // One mailbox record per frame in flight, plus one for an open fault.
-    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
-        Ok(t) => t,
+    let admitted = session::admit(&app, &mut rec, params, None, SessionState::Active, webhook);
+    let Admitted {
+        ticket,
+        mailbox,
+        events,
+    } = match admitted {
+        Ok(a) => a,
         Err(refusal) => {
             rec.end(EndReason::Refused(refusal.to_string()));
             refuse(&mut ws, &refusal.to_string()).await;
@@ -174,10 +178,6 @@ where
             return rec;
         }
     };
-    rec.slot = Some(ticket.slot);
-    let events = shared
-        .events
-        .open(&rec, None, app.ctx.core, SessionState::Active, webhook);
     let mut s = ChatSession {
         ws,
         app,
