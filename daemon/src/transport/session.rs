@@ -270,6 +270,45 @@ fn end_check(core: &Core, idle: Duration, max_secs: u64) -> Option<EndReason> {
     None
 }
 
+/// DTMF digits kept for a session's end-of-session log line.
+const DTMF_LOG_DIGITS: usize = 32;
+
+/// The DTMF digits a session received: each goes to its events at once;
+/// the count and the first [`DTMF_LOG_DIGITS`] are kept for its log line.
+#[derive(Default)]
+pub struct DtmfLog {
+    count: u64,
+    digits: [u8; DTMF_LOG_DIGITS],
+}
+
+impl DtmfLog {
+    /// Records `digit` (an ASCII byte; anything else is logged as `?`).
+    pub fn record(&mut self, core: &mut Core, digit: u8) {
+        if let Some(events) = core.link.events() {
+            events.dtmf(digit, 0);
+        }
+        if let Some(slot) = self.digits.get_mut(self.count as usize) {
+            *slot = if digit.is_ascii_graphic() {
+                digit
+            } else {
+                b'?'
+            };
+        }
+        self.count += 1;
+    }
+
+    /// Digits received.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The first digits received, as text.
+    pub fn digits(&self) -> std::borrow::Cow<'_, str> {
+        let kept = (self.count as usize).min(DTMF_LOG_DIGITS);
+        String::from_utf8_lossy(&self.digits[..kept])
+    }
+}
+
 /// How a session ends on an error of its socket: a write that timed out —
 /// the socket's write timeout, `session.send_timeout_ms` — means the peer
 /// stopped reading (`SlowConsumer`); a reset, broken pipe, early end of

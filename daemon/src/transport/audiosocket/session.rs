@@ -40,7 +40,7 @@ use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
-use crate::transport::session::{self, io_end_reason, Core, Transport};
+use crate::transport::session::{self, io_end_reason, Core, DtmfLog, Transport};
 use crate::FRAME_SAMPLES;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
@@ -52,8 +52,6 @@ use std::time::{Duration, Instant};
 
 /// How long the closing connection drains what Asterisk still sends.
 const CLOSE_LINGER: Duration = Duration::from_millis(500);
-/// DTMF digits kept for the end-of-call log line.
-const DTMF_LOG_DIGITS: usize = 32;
 
 /// The connection's bytes and buffers.
 struct Io {
@@ -97,9 +95,41 @@ struct CallStats {
     audio_messages: u64,
     packets_out: u64,
     silence_out: u64,
-    dtmf: u64,
-    dtmf_digits: [u8; DTMF_LOG_DIGITS],
+    dtmf: DtmfLog,
     peer_error: Option<Option<u8>>,
+}
+
+/// The call's line for audio of `kind` at `rate_hz`: made at the first
+/// audio message (its packet queue holding `cap` packets), the same one
+/// afterwards; audio of another kind ends the call (and the code to send).
+fn line_for(
+    line: &mut Option<Line>,
+    kind: u8,
+    rate_hz: u32,
+    cap: usize,
+) -> Result<&mut Line, (EndReason, u8)> {
+    if let Some(l) = line.as_ref().filter(|l| l.kind != kind) {
+        let why = format!(
+            "audio kind changed from {:#04x} ({} Hz) to {kind:#04x} ({rate_hz} Hz)",
+            l.kind, l.rate_hz
+        );
+        return Err((EndReason::ProtocolError(why), error_code::FORMAT_CHANGED));
+    }
+    if line.is_none() {
+        let (input, output) = LineIn::new(LineCodec::SlinLe, rate_hz)
+            .and_then(|input| Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?)))
+            .map_err(|e| {
+                let why = format!("audio path for {rate_hz} Hz: {e}");
+                (EndReason::SendFailed(why), error_code::INTERNAL)
+            })?;
+        *line = Some(Line {
+            kind,
+            rate_hz,
+            input,
+            output,
+        });
+    }
+    Ok(line.as_mut().expect("made above"))
 }
 
 /// One call's own side of the shared session loop ([`session::run`]).
@@ -365,60 +395,24 @@ impl Call {
                     self.error_code = Some(error_code::UUID_FIRST);
                     return Err(EndReason::ProtocolError("a second UUID message".into()));
                 }
-                Frame::Dtmf(digit) => {
-                    if let Some(events) = core.link.events() {
-                        events.dtmf(digit, 0);
-                    }
-                    let i = self.stats.dtmf as usize;
-                    if i < DTMF_LOG_DIGITS {
-                        self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
-                            digit
-                        } else {
-                            b'?'
-                        };
-                    }
-                    self.stats.dtmf += 1;
-                }
+                Frame::Dtmf(digit) => self.stats.dtmf.record(core, digit),
                 Frame::Audio {
                     kind,
                     rate_hz,
                     payload,
                 } => {
-                    let line = match &mut self.line {
-                        Some(line) if line.kind == kind => line,
-                        Some(line) => {
-                            self.error_code = Some(error_code::FORMAT_CHANGED);
-                            return Err(EndReason::ProtocolError(format!(
-                                "audio kind changed from {:#04x} ({} Hz) to {kind:#04x} ({rate_hz} Hz)",
-                                line.kind, line.rate_hz
-                            )));
-                        }
-                        None => {
-                            let cap = (core.link.app.shared.config.session.max_frames_in_flight
-                                + 2)
-                                * PACKETS_PER_FRAME;
-                            let built = LineIn::new(LineCodec::SlinLe, rate_hz).and_then(|input| {
-                                Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?))
-                            });
-                            let (input, output) = match built {
-                                Ok(b) => b,
-                                Err(e) => {
-                                    self.error_code = Some(error_code::INTERNAL);
-                                    return Err(EndReason::SendFailed(format!(
-                                        "audio path for {rate_hz} Hz: {e}"
-                                    )));
-                                }
-                            };
-                            self.io.tx = vec![0; HEADER_BYTES + output.packet_bytes()];
-                            self.pacer.start(core.last_rx);
-                            self.line.insert(Line {
-                                kind,
-                                rate_hz,
-                                input,
-                                output,
-                            })
-                        }
-                    };
+                    let first = self.line.is_none();
+                    let cap = (core.link.app.shared.config.session.max_frames_in_flight + 2)
+                        * PACKETS_PER_FRAME;
+                    let line =
+                        line_for(&mut self.line, kind, rate_hz, cap).map_err(|(r, code)| {
+                            self.error_code = Some(code);
+                            r
+                        })?;
+                    if first {
+                        self.io.tx = vec![0; HEADER_BYTES + line.output.packet_bytes()];
+                        self.pacer.start(core.last_rx);
+                    }
                     let rest = &payload[self.audio_taken..];
                     let budget = core.link.budget(Some(&line.output));
                     let link = &mut core.link;
@@ -518,7 +512,6 @@ impl Call {
     /// The end-of-call log line.
     fn log_end(&self, rec: &SessionRecord, reason: &EndReason) {
         let code = self.end_code(reason);
-        let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
         let (rate, kind) = self.line.as_ref().map_or((0, 0), |l| (l.rate_hz, l.kind));
         let out = self
             .line
@@ -535,8 +528,8 @@ impl Call {
             self.stats.silence_out,
             self.pacer.skipped(),
             out.dropped,
-            self.stats.dtmf,
-            String::from_utf8_lossy(digits),
+            self.stats.dtmf.count(),
+            self.stats.dtmf.digits(),
             match self.stats.peer_error {
                 None => "-".to_string(),
                 Some(None) => "none".to_string(),

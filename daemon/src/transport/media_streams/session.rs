@@ -48,7 +48,7 @@ use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
-use crate::transport::session::{self, ws_end_reason, Core, Transport};
+use crate::transport::session::{self, ws_end_reason, Core, DtmfLog, Transport};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use async_tungstenite::tungstenite::protocol::CloseFrame;
@@ -64,8 +64,6 @@ use std::time::{Duration, Instant};
 
 /// Capacity kept in the outgoing message buffer.
 const OUT_BUFFER_BYTES: usize = 4096;
-/// DTMF digits kept for the end-of-stream log line.
-const DTMF_LOG_DIGITS: usize = 32;
 
 type Ws = WebSocketStream<Conn>;
 
@@ -88,8 +86,7 @@ struct StreamStats {
     marks: u64,
     clears: u64,
     cleared_packets: u64,
-    dtmf: u64,
-    dtmf_digits: [u8; DTMF_LOG_DIGITS],
+    dtmf: DtmfLog,
 }
 
 /// One stream's own side of the shared session loop ([`session::run`]).
@@ -458,18 +455,7 @@ impl Stream {
                     .as_ref()
                     .and_then(|d| d.digit.as_str().bytes().next())
                     .unwrap_or(b'?');
-                if let Some(events) = core.link.events() {
-                    events.dtmf(digit, 0);
-                }
-                let i = self.stats.dtmf as usize;
-                if i < DTMF_LOG_DIGITS {
-                    self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
-                        digit
-                    } else {
-                        b'?'
-                    };
-                }
-                self.stats.dtmf += 1;
+                self.stats.dtmf.record(core, digit);
                 Ok(())
             }
             "stop" => Err(EndReason::ClientClosed),
@@ -572,7 +558,6 @@ impl Stream {
     /// The end-of-stream log line.
     fn log_end(&self, rec: &SessionRecord, reason: &EndReason) {
         let out = self.output.stats();
-        let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
         eprintln!(
             "<6>media stream end id={} stream_sid={} media_in={} other_tracks={} media_out={} dropped_out={} skipped_out={} marks={} clears={} cleared_packets={} dtmf={} digits={:?} reason={}",
             rec.id,
@@ -585,8 +570,8 @@ impl Stream {
             self.stats.marks,
             self.stats.clears,
             self.stats.cleared_packets,
-            self.stats.dtmf,
-            String::from_utf8_lossy(digits),
+            self.stats.dtmf.count(),
+            self.stats.dtmf.digits(),
             reason.label(),
         );
     }

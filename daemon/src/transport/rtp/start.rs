@@ -14,7 +14,8 @@
 //! task's end); the event stream is registered before the session's id is
 //! handed out, so `/v1/sessions/{id}/events` works from the first answer.
 
-use super::session::{self, MediaPath, NewSession};
+use super::media::MediaPath;
+use super::session::{self, NewSession};
 use super::state::{Registry, SessionHandle, SessionInfo};
 use crate::app::CoreApp;
 use crate::engine::admission::Ticket;

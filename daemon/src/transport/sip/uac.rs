@@ -37,7 +37,7 @@ use super::endpoint::Endpoint;
 use super::status::OutboundCall;
 use crate::events::webhook::WebhookUrl;
 use crate::session::record::EndReason;
-use crate::transport::rtp::session::MediaPath;
+use crate::transport::rtp::media::MediaPath;
 use crate::transport::rtp::start::{self, Reservation, StartError, Started};
 use moshid_model::streaming::SessionParams;
 use moshid_telephony::sip::build::{self, InDialog, ALLOW};

@@ -6,7 +6,7 @@
 //! from that call's peer; a call removed here always stops its RTP session.
 
 use super::{cfg, warning, Endpoint};
-use crate::transport::rtp::session::MediaPath;
+use crate::transport::rtp::media::MediaPath;
 use crate::transport::sip::call::{Call, CallState};
 use moshid_telephony::sip::build::{self, ALLOW};
 use moshid_telephony::sip::message::Request;
