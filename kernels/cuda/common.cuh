@@ -78,6 +78,9 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return t;
 }
 
+// ELU with alpha 1 (x > 0 ? x : expm1(x)), as the reference's ops::elu.
+__device__ __forceinline__ float elu1(float v) { return v > 0.f ? v : expm1f(v); }
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__nv_fp8_e4m3 v) { return float(v); }

@@ -22,25 +22,37 @@
 // is copied into the slot state by convtr1d_state_update, because other
 // blocks of the same launch still read the old tail.
 //
-// Geometry: block = CONV_THREADS (128) threads. The dense products give
-// each thread CONV_TT outputs of one channel that use the same weights
-// (conv1d: consecutive output steps; convtr1d: steps `stride` apart, i.e. the
-// same kernel tap), so each weight read from L2 serves CONV_TT outputs, and
-// flatten (channel, group of outputs) over the threads so that narrow layers
-// (Mimi's 32-channel residual convs, the 1-channel output) fill every warp:
-// grid = (ceil(c_out · groups / 128), n_steps), channels fastest (a warp reads
-// consecutive weights and broadcasts its inputs). Each output accumulates in
-// the same order as one output per thread would (and as the CPU reference).
-// Depthwise convtr: grid = (ceil(c / 128), output steps, n_steps), a thread
-// per channel. State kernels: grid = (n_steps). No shared memory; a direct
-// convolution, not an implicit GEMM (future work, after GPU measurements).
+// Two ways of computing the products, chosen by the host per layer:
+// - the implicit GEMM (conv_gemm, below the direct kernels): rows are the
+//   output steps of every slot-step (per phase of a transposed conv),
+//   columns the output channels, the reduction runs over (tap, input
+//   channel) and reads the im2col matrix straight from prev ++ x (or x) and
+//   the weights as they are laid out; for layers with c_out ≥ 8;
+// - the direct kernels (conv1d_stream): each thread CONV_TT outputs of one
+//   channel, for the narrow layers (the 1-channel output conv), where a
+//   64-column tile would be mostly empty.
+// Both can apply ELU to every input they read (the SEANet ELU before a conv,
+// fused: the state keeps the raw input, and elu(0) = 0 for a fresh slot) and
+// add a residual to every output (`res`, laid out as y: y = res + (conv +
+// bias), the SEANet skip; y may be res).
+//
+// Direct kernels' geometry: block = CONV_THREADS (128) threads. The dense
+// products give each thread CONV_TT outputs of one channel that use the same
+// weights (consecutive output steps), so each weight read from L2 serves
+// CONV_TT outputs, and flatten (channel, group of outputs) over the threads
+// so that narrow layers fill every warp: grid = (ceil(c_out · groups / 128),
+// n_steps), channels fastest (a warp reads consecutive weights and
+// broadcasts its inputs). Each output accumulates in ascending (tap, input
+// channel) order, as the CPU reference. Depthwise convtr: grid = (ceil(c /
+// 128), output steps, n_steps), a thread per channel. State kernels: grid =
+// (n_steps). No shared memory.
 #define CONV_THREADS 128
 #define CONV_TT 4
 
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_stream(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
-              const float* __restrict__ bias, const SlotStep* __restrict__ steps, int c_in, int c_out, int kernel,
-              int stride, int dilation, int t_in, int history, float* __restrict__ y) {
+              const float* __restrict__ bias, const float* res, const SlotStep* __restrict__ steps, int c_in,
+              int c_out, int kernel, int stride, int dilation, int t_in, int history, int elu, float* y) {
     const int t_out = t_in / stride;
     const int groups = (t_out + CONV_TT - 1) / CONV_TT;
     const int g = blockIdx.x * CONV_THREADS + threadIdx.x, j = blockIdx.y;
@@ -70,13 +82,17 @@ conv1d_stream(const float* __restrict__ x, const float* __restrict__ prev, const
         for (int i = 0; i < c_in; ++i) {
             const float wv = wk[(size_t)i * c_out];
 #pragma unroll
-            for (int u = 0; u < CONV_TT; ++u) acc[u] += src[u][i] * wv;
+            for (int u = 0; u < CONV_TT; ++u) acc[u] += (elu ? elu1(src[u][i]) : src[u][i]) * wv;
         }
     }
     const float b = bias != nullptr ? bias[o] : 0.f;
+    const float* ro = res != nullptr ? res + ((size_t)j * t_out + t0) * c_out + o : nullptr;
 #pragma unroll
-    for (int u = 0; u < CONV_TT; ++u)
-        if (u < n) yo[(size_t)u * c_out] = bias != nullptr ? acc[u] + b : acc[u];
+    for (int u = 0; u < CONV_TT; ++u) {
+        if (u >= n) continue;
+        const float v = bias != nullptr ? acc[u] + b : acc[u];
+        yo[(size_t)u * c_out] = ro != nullptr ? ro[(size_t)u * c_out] + v : v;
+    }
 }
 
 // Before conv1d_stream of a replicate-padded conv: a slot whose first[slot]
@@ -117,72 +133,6 @@ conv1d_state_update(const float* __restrict__ x, float* __restrict__ prev, int* 
     if (first != nullptr && threadIdx.x == 0) first[st.slot] = 0;
 }
 
-// Dense transposed conv. Output step r of the call's full output
-// (0 ≤ r < t_in·stride + overlap): r < t_out goes to y (+ the old tail for
-// r < overlap, + bias), r ≥ t_out to tail[j][r − t_out]. A thread takes the
-// outputs r = phase + stride·(q0 + u), u < CONV_TT: they meet input t = q − m
-// at tap phase + stride·m, so each tap's weights serve all of them. Taps go
-// from the highest down, so each output sums its inputs in ascending t.
-extern "C" __global__ void __launch_bounds__(CONV_THREADS)
-convtr1d_stream(const float* __restrict__ x, const float* __restrict__ partial, const float* __restrict__ w,
-                const float* __restrict__ bias, const SlotStep* __restrict__ steps, int c_in, int c_out, int kernel,
-                int stride, int t_in, float* __restrict__ y, float* __restrict__ tail) {
-    const int t_out = t_in * stride, overlap = kernel - stride, total = t_out + overlap;
-    const int q_count = (total + stride - 1) / stride;
-    const int groups = (q_count + CONV_TT - 1) / CONV_TT;
-    const int g = blockIdx.x * CONV_THREADS + threadIdx.x, j = blockIdx.y;
-    if (g >= c_out * stride * groups) return;
-    const int o = g % c_out, rest = g / c_out;
-    const int phase = rest % stride, q0 = (rest / stride) * CONV_TT;
-    const SlotStep st = steps[j];
-    if (!st.active) {
-        for (int u = 0; u < CONV_TT; ++u) {
-            const int r = phase + stride * (q0 + u);
-            if (r < t_out) y[((size_t)j * t_out + r) * c_out + o] = 0.f;
-        }
-        return;
-    }
-    float acc[CONV_TT];
-#pragma unroll
-    for (int u = 0; u < CONV_TT; ++u) {
-        const int r = phase + stride * (q0 + u);
-        acc[u] = r < overlap ? partial[((size_t)st.slot * overlap + r) * c_out + o] : 0.f;
-    }
-    const float* xj = x + (size_t)j * t_in * c_in;
-    for (int m = (kernel - 1 - phase) / stride; m >= 0; --m) {
-        const float* xt[CONV_TT];
-        bool ok[CONV_TT];
-#pragma unroll
-        for (int u = 0; u < CONV_TT; ++u) {
-            const int t = q0 + u - m;
-            ok[u] = t >= 0 && t < t_in;
-            // Outside the input: read step 0, dropped.
-            xt[u] = xj + (size_t)(ok[u] ? t : 0) * c_in;
-        }
-        const float* wk = w + (size_t)(phase + stride * m) * c_in * c_out + o;
-        float z[CONV_TT];
-#pragma unroll
-        for (int u = 0; u < CONV_TT; ++u) z[u] = 0.f;
-        for (int i = 0; i < c_in; ++i) {
-            const float wv = wk[(size_t)i * c_out];
-#pragma unroll
-            for (int u = 0; u < CONV_TT; ++u) z[u] += xt[u][i] * wv;
-        }
-#pragma unroll
-        for (int u = 0; u < CONV_TT; ++u)
-            if (ok[u]) acc[u] += z[u];
-    }
-    const float b = bias != nullptr ? bias[o] : 0.f;
-#pragma unroll
-    for (int u = 0; u < CONV_TT; ++u) {
-        const int r = phase + stride * (q0 + u);
-        if (r < t_out)
-            y[((size_t)j * t_out + r) * c_out + o] = acc[u] + b;
-        else if (r < total)
-            tail[((size_t)j * overlap + (r - t_out)) * c_out + o] = (acc[u] + b) - b;
-    }
-}
-
 // Depthwise (groups = channels) transposed conv: the learnt up-sampler.
 // Same output split as convtr1d_stream; w is [c][kernel].
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
@@ -221,4 +171,239 @@ convtr1d_state_update(const float* __restrict__ tail, float* __restrict__ partia
     const float* src = tail + (size_t)blockIdx.x * n;
     float* dst = partial + (size_t)st.slot * n;
     for (int e = threadIdx.x; e < n; e += CONV_THREADS) dst[e] = src[e];
+}
+
+// ---------------------------------------------------------------- implicit GEMM
+//
+// conv1d: row r = j·t_out + t (slot-step j, output step t), column o, and
+// the reduction index kk = tap·c_in + i reads (prev ++ x_j)[t·stride +
+// tap·dilation][i] and w[tap][i][o] (w is then the [K][c_out] matrix as
+// laid out). Transposed conv: the outputs of phase p = r_out mod stride,
+// q = r_out div stride (0 ≤ q < ceil((t_out + overlap) / stride)), meet
+// input t = q − m through tap p + stride·m; per phase, row r = j·q_count + q
+// and kk = mi·c_in + i with m = taps_p − 1 − mi (ascending input step), so
+// A reads x_j[q − m][i] (zero outside the call's input) and B the weight row
+// (p + stride·m)·c_in + i.
+//
+// Each output is one running sum over its split's range of kk in ascending
+// order (the whole range with one split). With s splits (the host picks s
+// from the layer's shape and the steps per slot, never from the batch size,
+// so a stream's numbers do not depend on the batch it is in) each block
+// writes its partial sums to part[split][phase][row][c_out] and
+// conv_gemm_reduce adds them in split order, then applies the epilogue: the
+// same one conv_gemm applies itself with one split.
+//
+// Geometry: block = CG_THREADS (128) threads, a CG_BM × CG_BN (32 × 64)
+// tile of outputs, thread (ty, tx) = (tid / 16, tid % 16) the 4 × 4
+// outputs rows 4·ty.., columns 4·tx..; grid = (ceil(c_out / 64), phases ·
+// ceil(rows / 32), splits). The reduction walks CG_BK (16) at a time
+// through shared memory (A as [kk][row], 32 + 4 floats a line so that
+// both the stores of consecutive kk and the 16-byte reads are free of bank
+// conflicts; B as [kk][col]), the next slice loaded into registers while the
+// current one is used. Shared memory: 16 · 36 + 16 · 64 floats = 6.3 KiB.
+// conv_gemm_reduce: a grid-stride loop over phases · rows · c_out,
+// block = CG_RED_THREADS (256), no shared memory.
+#define CG_THREADS 128
+#define CG_BM 32
+#define CG_BN 64
+#define CG_BK 16
+#define CG_ALD (CG_BM + 4)
+#define CG_RED_THREADS 256
+
+// Four floats moved as one 16-byte access (float4 without the CUDA header).
+struct alignas(16) cg_f4 {
+    float v[4];
+};
+
+// Where the outputs of one conv_gemm go and what the epilogue adds.
+struct CgOut {
+    const float* bias;     // [c_out] or null
+    const float* res;      // conv1d: [n][t_out][c_out] or null
+    const float* partial;  // convtr: the old tails [max_slots][overlap][c_out]
+    const SlotStep* steps;
+    float* y;
+    float* tail;  // convtr: the new tails [n][overlap][c_out]
+    int c_out, rows, stride, t_out, overlap, transposed;
+};
+
+// The output (row r of phase p, column o) from its finished sum.
+__device__ __forceinline__ void cg_epilogue(const CgOut& e, int p, int r, int o, float acc) {
+    const int j = r / e.rows, q = r % e.rows;
+    const SlotStep st = e.steps[j];
+    const float b = e.bias != nullptr ? e.bias[o] : 0.f;
+    if (!e.transposed) {
+        const size_t idx = (size_t)r * e.c_out + o;
+        float v = 0.f;
+        if (st.active) {
+            v = e.bias != nullptr ? acc + b : acc;
+            if (e.res != nullptr) v = e.res[idx] + v;
+        }
+        e.y[idx] = v;
+        return;
+    }
+    const int ro = p + e.stride * q;
+    if (ro >= e.t_out + e.overlap) return;
+    if (!st.active) {
+        if (ro < e.t_out) e.y[((size_t)j * e.t_out + ro) * e.c_out + o] = 0.f;
+        return;
+    }
+    float v = acc;
+    if (ro < e.overlap) v = e.partial[((size_t)st.slot * e.overlap + ro) * e.c_out + o] + v;
+    if (ro < e.t_out)
+        e.y[((size_t)j * e.t_out + ro) * e.c_out + o] = v + b;
+    else
+        e.tail[((size_t)j * e.overlap + (ro - e.t_out)) * e.c_out + o] = (v + b) - b;
+}
+
+__device__ __forceinline__ CgOut cg_out(const float* bias, const float* res, const float* partial,
+                                        const SlotStep* steps, float* y, float* tail, int c_out, int kernel,
+                                        int stride, int t_in, int transposed) {
+    CgOut e;
+    e.bias = bias;
+    e.res = res;
+    e.partial = partial;
+    e.steps = steps;
+    e.y = y;
+    e.tail = tail;
+    e.c_out = c_out;
+    e.stride = stride;
+    e.transposed = transposed;
+    e.overlap = transposed ? kernel - stride : 0;
+    e.t_out = transposed ? t_in * stride : t_in / stride;
+    e.rows = transposed ? (e.t_out + e.overlap + stride - 1) / stride : e.t_out;
+    return e;
+}
+
+extern "C" __global__ void __launch_bounds__(CG_THREADS)
+conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
+          const float* __restrict__ bias, const float* res, const float* __restrict__ partial,
+          const SlotStep* __restrict__ steps, float* y, float* __restrict__ tail, float* __restrict__ part,
+          int n, int c_in, int c_out, int kernel, int stride, int dilation, int t_in, int hist, int transposed,
+          int elu, int k_split) {
+    __shared__ cg_f4 As[CG_BK][CG_ALD / 4];
+    __shared__ cg_f4 Bs[CG_BK][CG_BN / 4];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const CgOut e = cg_out(bias, res, partial, steps, y, tail, c_out, kernel, stride, t_in, transposed);
+    const int m_rows = n * e.rows, row_tiles = (m_rows + CG_BM - 1) / CG_BM;
+    const int p = blockIdx.y / row_tiles, r0 = (blockIdx.y % row_tiles) * CG_BM, c0 = blockIdx.x * CG_BN;
+    const int taps = transposed ? (kernel - 1 - p) / stride + 1 : kernel;
+    const int k_all = taps * c_in;
+    const int kb = blockIdx.z * k_split, ke = min(kb + k_split, k_all);
+
+    // This thread's A rows (tid / 16 + 8u) and B column (tid % 64) never change.
+    int a_j[4], a_t[4], a_slot[4];
+    bool a_live[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int r = r0 + (tid >> 4) + 8 * u;
+        a_live[u] = false;
+        a_j[u] = a_t[u] = a_slot[u] = 0;
+        if (r < m_rows) {
+            a_j[u] = r / e.rows;
+            a_t[u] = r % e.rows;
+            const SlotStep st = steps[a_j[u]];
+            a_live[u] = st.active != 0;
+            a_slot[u] = st.slot;
+        }
+    }
+    const int b_col = c0 + (tid & 63);
+    float a_reg[4], b_reg[8];
+    // Loads the slice [k0, k0 + CG_BK) of A and B into the registers.
+    auto load = [&](int k0) {
+        const int kk = k0 + (tid & 15);
+        const int tap = kk / c_in, i = kk - tap * c_in;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            float v = 0.f;
+            if (kk < ke && a_live[u]) {
+                if (!transposed) {
+                    const int s = a_t[u] * stride + tap * dilation;
+                    v = s < hist ? prev[((size_t)a_slot[u] * hist + s) * c_in + i]
+                                 : x[((size_t)a_j[u] * t_in + (s - hist)) * c_in + i];
+                } else {
+                    const int t = a_t[u] - (taps - 1 - tap);
+                    if (t >= 0 && t < t_in) v = x[((size_t)a_j[u] * t_in + t) * c_in + i];
+                }
+                if (elu) v = elu1(v);
+            }
+            a_reg[u] = v;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int bk = k0 + (tid >> 6) + 2 * u;
+            float v = 0.f;
+            if (bk < ke && b_col < c_out) {
+                int row = bk;
+                if (transposed) {
+                    const int mi = bk / c_in, bi = bk - mi * c_in;
+                    row = (p + stride * (taps - 1 - mi)) * c_in + bi;
+                }
+                v = w[(size_t)row * c_out + b_col];
+            }
+            b_reg[u] = v;
+        }
+    };
+
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) acc[i][jj] = 0.f;
+    if (kb < ke) load(kb);
+    for (int k0 = kb; k0 < ke; k0 += CG_BK) {
+        float* as = &As[0][0].v[0];
+        float* bs = &Bs[0][0].v[0];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) as[(tid & 15) * CG_ALD + (tid >> 4) + 8 * u] = a_reg[u];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) bs[((tid >> 6) + 2 * u) * CG_BN + (tid & 63)] = b_reg[u];
+        __syncthreads();
+        if (k0 + CG_BK < ke) load(k0 + CG_BK);
+#pragma unroll
+        for (int kk = 0; kk < CG_BK; ++kk) {
+            const cg_f4 a = As[kk][ty];
+            const cg_f4 b = Bs[kk][tx];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) acc[i][jj] += a.v[i] * b.v[jj];
+        }
+        __syncthreads();
+    }
+
+    const int splits = gridDim.z;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 4 * ty + i;
+        if (r >= m_rows) continue;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int o = c0 + 4 * tx + jj;
+            if (o >= c_out) continue;
+            if (splits == 1)
+                cg_epilogue(e, p, r, o, acc[i][jj]);
+            else
+                part[(((size_t)blockIdx.z * (gridDim.y / row_tiles) + p) * m_rows + r) * c_out + o] = acc[i][jj];
+        }
+    }
+}
+
+// After conv_gemm with `splits` > 1: each output's partial sums added in
+// split order, then conv_gemm's epilogue.
+extern "C" __global__ void __launch_bounds__(CG_RED_THREADS)
+conv_gemm_reduce(const float* __restrict__ part, const float* __restrict__ bias, const float* res,
+                 const float* __restrict__ partial, const SlotStep* __restrict__ steps, float* y,
+                 float* __restrict__ tail, int n, int c_out, int kernel, int stride, int t_in, int transposed,
+                 int splits) {
+    const CgOut e = cg_out(bias, res, partial, steps, y, tail, c_out, kernel, stride, t_in, transposed);
+    const int phases = transposed ? stride : 1;
+    const size_t per_phase = (size_t)n * e.rows * c_out, total = phases * per_phase;
+    for (size_t idx = (size_t)blockIdx.x * CG_RED_THREADS + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * CG_RED_THREADS) {
+        float acc = part[idx];
+        for (int s = 1; s < splits; ++s) acc += part[(size_t)s * total + idx];
+        const int p = (int)(idx / per_phase);
+        const size_t rest = idx % per_phase;
+        cg_epilogue(e, p, (int)(rest / c_out), (int)(rest % c_out), acc);
+    }
 }

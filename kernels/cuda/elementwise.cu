@@ -45,10 +45,8 @@ gelu_f32(float* __restrict__ x, size_t n) {
 // y = elu(x) with alpha 1 (x > 0 ? x : expm1(x)); y may equal x.
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 elu_f32(const float* x, float* y, size_t n) {
-    for (size_t e = (size_t)blockIdx.x * EW_THREADS + threadIdx.x; e < n; e += (size_t)gridDim.x * EW_THREADS) {
-        const float v = x[e];
-        y[e] = v > 0.f ? v : expm1f(v);
-    }
+    for (size_t e = (size_t)blockIdx.x * EW_THREADS + threadIdx.x; e < n; e += (size_t)gridDim.x * EW_THREADS)
+        y[e] = elu1(x[e]);
 }
 
 // x[r][i] += scale[i] · u[r][i] (Mimi's LayerScale residual), dim = scale length.

@@ -21,10 +21,17 @@
 //   the same.
 //
 // Geometry: grid = (n_steps), block = SAMPLE_THREADS (512). The k-th largest
-// key is found by an exact 4-pass radix select over the order-preserving u32
-// image of the logits (256-bin shared histogram). Passes that need index
-// order give each thread one contiguous chunk of ceil(vocab / 512) entries.
-// Shared memory: 1 KiB histogram + 16 warp partials; independent of vocab.
+// key is found by an exact radix select over the order-preserving u32 image
+// of the logits, 8 bits a pass from the top (256-bin shared histogram; warp
+// 0 finds the bin holding the k-th key with a shuffle scan, 8 bins a lane).
+// A pass whose bin is taken whole (its count equals the keys still to take)
+// ends the select early: the candidates are then the keys whose selected
+// top bits are above or equal to the prefix, the same set the full select
+// gives. Passes that need index order give each thread one contiguous chunk
+// of ceil(vocab / 512) entries. The weights are computed in f64 as the CPU
+// sampler does (only for the ≤ k candidates), so that a uniform picks the
+// same token on both. Shared memory: 1 KiB histogram + 16 warp partials;
+// independent of vocab.
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
@@ -77,6 +84,42 @@ __device__ __forceinline__ T block_inclusive_scan(T v, T* red, T* total) {
     return before + v;
 }
 
+// Warp 0 of a radix pass: walking the 256 bins from the top, the bin where
+// the running count reaches `rest` (lane l sums bins 255 − 8l … 248 − 8l, a
+// shuffle scan gives each lane the count above its bins, and the one lane
+// whose bins hold the rest-th key walks them). Writes the bin, the keys still
+// to take from it, and whether that is all of them. Needs rest ≥ 1 and at
+// least rest keys in the histogram.
+__device__ __forceinline__ void radix_pick(const int* hist, int rest, int lane, int* digit, int* left,
+                                           int* whole) {
+    int c[8], mine = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        c[e] = hist[255 - 8 * lane - e];
+        mine += c[e];
+    }
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    const int before = incl - mine;
+    if (before < rest && rest <= incl) {
+        int acc = before;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (acc + c[e] >= rest) {
+                *digit = 255 - 8 * lane - e;
+                *left = rest - acc;
+                *whole = c[e] == rest - acc;
+                return;
+            }
+            acc += c[e];
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotStep* __restrict__ steps,
               const SlotParams* __restrict__ params, int audio, u64* __restrict__ rng, u32* __restrict__ out,
@@ -86,7 +129,7 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
     __shared__ int s_best_i[SAMPLE_WARPS];
     __shared__ int s_ired[SAMPLE_WARPS];
     __shared__ double s_dred[SAMPLE_WARPS];
-    __shared__ int s_digit, s_rest, s_tok, s_last;
+    __shared__ int s_digit, s_rest, s_whole, s_tok, s_last;
     __shared__ double s_u;
 
     const SlotStep st = steps[blockIdx.x];
@@ -142,29 +185,23 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
                 if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
             }
             __syncthreads();
-            if (tid == 0) {
-                int acc = 0, b = 255;
-                for (; b > 0; --b) {
-                    if (acc + hist[b] >= rest) break;
-                    acc += hist[b];
-                }
-                s_digit = b;
-                s_rest = rest - acc;
-            }
+            if (w == 0) radix_pick(hist, rest, lane, &s_digit, &s_rest, &s_whole);
             __syncthreads();
             prefix |= (u32)s_digit << shift;
             mask |= 255u << shift;
             rest = s_rest;
+            if (s_whole) break;
         }
     }
-    // Candidates: key > prefix, plus the first `rest` entries with key == prefix.
+    // Candidates: (key & mask) > prefix, plus the first `rest` entries with
+    // (key & mask) == prefix.
 
     // 3. Index-ordered chunks: ties before each chunk, then weights.
     const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int lo = min(tid * chunk, vocab), hi = min(lo + chunk, vocab);
     int my_ties = 0;
     if (select)
-        for (int i = lo; i < hi; ++i) my_ties += float_key(logit(cond, nul, coef, i)) == prefix;
+        for (int i = lo; i < hi; ++i) my_ties += (float_key(logit(cond, nul, coef, i)) & mask) == prefix;
     int ties_total;
     const int tie_base = block_inclusive_scan(my_ties, s_ired, &ties_total) - my_ties;
 
@@ -178,7 +215,7 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
             const float v = logit(cond, nul, coef, i);
             bool in = true;
             if (select) {
-                const u32 key = float_key(v);
+                const u32 key = float_key(v) & mask;
                 in = key > prefix || (key == prefix && tie < rest);
                 tie += key == prefix;
             }
@@ -216,7 +253,7 @@ sample_tokens(const float* __restrict__ logits, int vocab, int ld, const SlotSte
             const float v = logit(cond, nul, coef, i);
             bool in = true;
             if (select) {
-                const u32 key = float_key(v);
+                const u32 key = float_key(v) & mask;
                 in = key > prefix || (key == prefix && tie < rest);
                 tie += key == prefix;
             }

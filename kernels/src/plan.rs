@@ -157,6 +157,35 @@ impl ConvShape {
         }
     }
 
+    /// Floats of split-reduction partial sums one slot-step of this conv
+    /// needs (conv.cu's implicit GEMM; 0 for the direct kernels).
+    pub fn part_floats(&self) -> usize {
+        use crate::ops::conv as k;
+        if self.depthwise || self.c_out < k::GEMM_MIN_COUT {
+            return 0;
+        }
+        let plan = if self.transposed {
+            k::ConvTrShape {
+                c_in: self.c_in,
+                c_out: self.c_out,
+                kernel: self.kernel,
+                stride: self.stride,
+                depthwise: false,
+            }
+            .plan(self.t_in)
+        } else {
+            k::ConvShape {
+                c_in: self.c_in,
+                c_out: self.c_out,
+                kernel: self.kernel,
+                stride: self.stride,
+                dilation: self.dilation,
+            }
+            .plan(self.t_in)
+        };
+        plan.part_floats(1)
+    }
+
     /// Streaming state floats per slot: the input history of a conv, the
     /// output tail of a transposed conv.
     pub fn state_floats(&self) -> usize {
@@ -323,8 +352,9 @@ impl MemoryPlan {
         let dep_q = lm.dep_q as u64;
         let step_tokens =
             k * 4 + 4 + dep_q * 4 + (1 + dep_q) * 4 + 4 + 16 + lm.num_user_codebooks() as u64 * 4;
-        // Mimi scratch per step: four activation buffers of the widest layer,
-        // the widest transposed-conv tail, transformer rows, RVQ vectors, PCM.
+        // Mimi scratch per step: three activation buffers of the widest layer,
+        // the widest transposed-conv tail, the largest split-reduction
+        // partial sums, transformer rows, RVQ vectors and partial minima, PCM.
         let act = convs
             .iter()
             .map(|c| (c.t_in * c.c_in).max(c.t_out() * c.c_out))
@@ -338,9 +368,18 @@ impl MemoryPlan {
             .unwrap_or(0);
         let t = mimi.downsample_stride() as u64;
         let tr_rows = t * ((6 * tr.d_model + tr.dim_feedforward) as u64 * 4 + 20);
-        let rvq = (2 * q.dimension + q.input_dimension) as u64 * 4;
+        let part = convs.iter().map(ConvShape::part_floats).max().unwrap_or(0) as u64;
+        let rvq = (2 * q.dimension + q.input_dimension) as u64 * 4
+            + crate::ops::rvq::RvqShape {
+                n_books: 1,
+                dq: q.dimension,
+                bins: q.bins,
+                codes_stride: 1,
+                col0: 0,
+            }
+            .part_bytes(1) as u64;
         let pcm = 2 * mimi.frame_samples() as u64 * 4;
-        let mimi_step = 4 * act * 4 + tail * 4 + tr_rows + rvq + pcm;
+        let mimi_step = 3 * act * 4 + tail * 4 + part * 4 + tr_rows + rvq + pcm;
         MemoryPlan {
             lm_weight_bytes,
             mimi_weight_bytes,

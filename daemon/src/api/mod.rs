@@ -13,6 +13,7 @@ pub mod model;
 pub mod ops;
 pub mod page;
 pub mod router;
+pub mod routes;
 pub mod rtp;
 pub mod sip;
 

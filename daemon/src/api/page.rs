@@ -4,7 +4,7 @@
 //! binary: nothing is fetched at run time and nothing comes from a third
 //! party. Audio is Opus through the browser's own WebCodecs encoder and
 //! decoder, in Ogg pages made and read by the page's `ogg.js`, so no codec is
-//! vendored (see the README, "The browser page").
+//! vendored (see docs/browser.md, "Why WebCodecs").
 //!
 //! Invariants:
 //! - The page and its assets are public (`is_public`): with `listen.token`

@@ -17,7 +17,9 @@
 //! until its `start` event) — a connection is pending in the core's
 //! [`PendingBudget`](crate::io::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
-//! `listen.head_timeout_ms`; after that it is never evicted. Endpoints
+//! `listen.head_timeout_ms`; after that it is never evicted. A request is
+//! routed only when [`super::routes::ROUTES`] holds its method and path
+//! (404 or 405 otherwise), so that table is the list of endpoints. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
 //! one is configured (WebSocket upgrades may carry it as the `auth_id`
 //! query parameter, as browsers cannot set headers), compared in constant
@@ -264,6 +266,31 @@ enum Route {
     MediaStream,
 }
 
+/// Answers 404 or 405 to a request [`super::routes::ROUTES`] does not hold
+/// (`false`); `true` when it holds it.
+async fn in_route_table(
+    stream: &mut Conn,
+    app: &CoreApp,
+    head: &RequestHead,
+) -> Result<bool, HttpError> {
+    use super::routes::{resolve, Resolved, Switch};
+    let config = &app.shared.config;
+    let on = |s: Switch| match s {
+        Switch::MediaStreams => config.media_streams.enabled,
+    };
+    match resolve(&head.method, &head.path, on) {
+        Resolved::Route(_) => Ok(true),
+        Resolved::WrongMethod => {
+            http::write_error(stream, 405, "method not allowed").await?;
+            Ok(false)
+        }
+        Resolved::Unknown => {
+            http::write_error(stream, 404, "no such endpoint").await?;
+            Ok(false)
+        }
+    }
+}
+
 async fn route(
     stream: &mut Conn,
     app: &CoreApp,
@@ -272,6 +299,9 @@ async fn route(
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
 ) -> Result<Route, HttpError> {
+    if !in_route_table(stream, app, head).await? {
+        return Ok(Route::Done);
+    }
     match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/api/chat") => {
             if !head.is_websocket_upgrade() {
@@ -307,14 +337,6 @@ async fn route(
         }
         (_, path) if super::page::owns(path) => {
             super::page::handle(stream, app, api, head).await?;
-            Ok(Route::Done)
-        }
-        (_, "/v1/media-stream") if app.shared.config.media_streams.enabled => {
-            http::write_error(stream, 405, "method not allowed").await?;
-            Ok(Route::Done)
-        }
-        (_, "/api/chat") => {
-            http::write_error(stream, 405, "method not allowed").await?;
             Ok(Route::Done)
         }
         _ => {

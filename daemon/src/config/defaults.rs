@@ -18,6 +18,13 @@ pub struct GenDefaults {
     pub audio_topk: usize,
     /// Classifier-free guidance coefficient (models with conditioners).
     pub cfg_coef: f32,
+    /// Kyutai's `pad_mult`: the text padding probability is scaled by
+    /// `exp(pad_mult)` (0: off).
+    pub pad_mult: f32,
+    /// Kyutai's repetition penalty on text tokens (1: off).
+    pub repetition_penalty: f32,
+    /// Counted text tokens the penalty looks back over.
+    pub repetition_penalty_context: usize,
 }
 
 impl Default for GenDefaults {
@@ -28,6 +35,9 @@ impl Default for GenDefaults {
             audio_temperature: 0.8,
             audio_topk: 250,
             cfg_coef: 1.0,
+            pad_mult: 0.0,
+            repetition_penalty: 1.0,
+            repetition_penalty_context: moshid_model::lm::text_rules::DEFAULT_REPETITION_CONTEXT,
         }
     }
 }
@@ -50,6 +60,22 @@ impl GenDefaults {
         }
         if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
             return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
+        }
+        if !(-10.0..=10.0).contains(&d.pad_mult) {
+            return Err(invalid("defaults.pad_mult", "must be between -10 and 10"));
+        }
+        if !(0.1..=10.0).contains(&d.repetition_penalty) {
+            return Err(invalid(
+                "defaults.repetition_penalty",
+                "must be between 0.1 and 10",
+            ));
+        }
+        let max_ctx = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+        if d.repetition_penalty_context == 0 || d.repetition_penalty_context > max_ctx {
+            return Err(invalid(
+                "defaults.repetition_penalty_context",
+                format!("must be between 1 and {max_ctx}"),
+            ));
         }
         Ok(())
     }

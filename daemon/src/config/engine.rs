@@ -19,6 +19,11 @@ pub struct EngineConfig {
     pub queued_frames_per_slot: usize,
     /// Model steps per batch size during warm-up.
     pub warmup_steps: usize,
+    /// Frames of prompt prefill work (voice encodes, transformer positions)
+    /// the engine does per tick, before stepping the tick's streams.
+    pub prompt_frames_per_tick: usize,
+    /// Prefilled prompt states kept for reuse (one per voice and role text).
+    pub prompt_cache_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -28,6 +33,8 @@ impl Default for EngineConfig {
             budget_margin_ms: 10.0,
             queued_frames_per_slot: 4,
             warmup_steps: 3,
+            prompt_frames_per_tick: 8,
+            prompt_cache_entries: 16,
         }
     }
 }
@@ -75,6 +82,18 @@ impl EngineConfig {
                     "must be at least 0 and below the frame period {} ms",
                     crate::FRAME_MS
                 ),
+            ));
+        }
+        if e.prompt_frames_per_tick == 0 || e.prompt_frames_per_tick > 4096 {
+            return Err(invalid(
+                "engine.prompt_frames_per_tick",
+                "must be between 1 and 4096",
+            ));
+        }
+        if e.prompt_cache_entries > 4096 {
+            return Err(invalid(
+                "engine.prompt_cache_entries",
+                "must be at most 4096",
             ));
         }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {

@@ -15,6 +15,7 @@ pub mod audiosocket;
 pub mod defaults;
 pub mod engine;
 pub mod events;
+pub mod keys;
 pub mod listen;
 pub mod media_streams;
 pub mod metrics;

@@ -103,6 +103,10 @@ pub fn run(
             config.engine.queued_frames_per_slot,
             config.engine.warmup_steps,
         );
+        e.set_prompt_bounds(
+            config.engine.prompt_cache_entries,
+            config.engine.prompt_frames_per_tick,
+        );
         if let Some(hook) = hooks.on_tick.take() {
             e.set_tick_hook(hook);
         }
@@ -132,7 +136,7 @@ pub fn run(
     };
     let (executors, listening) = cores::start_all(&placement.io_cpus, asked, ports, &with)?;
     wait_until_warm(&engine, &engine_thread)?;
-    log_ready(&config, &engine, max_slots, listening);
+    log_ready(&config, &engine, max_slots, listening, &with.api.model);
     if let Some(f) = hooks.on_ready.take() {
         f(listening.http);
     }
@@ -164,12 +168,21 @@ pub fn run(
 /// Prometheus recorder installed once as the process's `metrics` recorder,
 /// and the `on_engine` hook called.
 fn engine_shared(config: &Config, max_slots: usize, hooks: &mut Hooks) -> Arc<EngineShared> {
-    let engine = Arc::new(EngineShared::new(
+    let mut engine = EngineShared::new(
         max_slots,
         config.engine.phase_groups,
         config.engine.budget_margin_ms,
         config.runtime.io_cores,
-    ));
+    );
+    if config.model.backend == crate::config::Backend::Emu {
+        // The emulator's step times say nothing of a GPU's, nor of real
+        // time: priced, they would refuse every stream.
+        engine.budget_ms = f64::INFINITY;
+        eprintln!(
+            "<4>engine: the emu backend's step times are not a GPU's: admission admits up to the slots, however slow the steps"
+        );
+    }
+    let engine = Arc::new(engine);
     engine.metrics.set_enabled(config.metrics.enabled);
     engine.metrics.exporter().install_global();
     if let Some(f) = hooks.on_engine.take() {
@@ -239,10 +252,22 @@ fn wait_until_warm(engine: &EngineShared, thread: &JoinHandle<()>) -> Result<()>
 
 /// The ready log lines, and the "listening on" lines of the telephony
 /// listeners on stdout.
-fn log_ready(config: &Config, engine: &EngineShared, max_slots: usize, listening: Listening) {
+fn log_ready(
+    config: &Config,
+    engine: &EngineShared,
+    max_slots: usize,
+    listening: Listening,
+    model: &crate::api::model::ModelDescription,
+) {
     let cap = engine.capacity();
+    // Random weights say so on the ready line too.
+    let random_marker = model
+        .random_weights
+        .as_deref()
+        .and_then(|n| crate::random_weights::resolve(n).ok())
+        .map_or_else(String::new, |s| format!("; {}", s.marker()));
     eprintln!(
-        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}",
+        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}{random_marker}",
         max_slots,
         config.engine.phase_groups,
         engine.budget_ms,

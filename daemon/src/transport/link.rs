@@ -142,12 +142,16 @@ impl EngineLink {
         let mut n = 0;
         let mut metrics_on = None;
         while self.mailbox.take(&mut self.record) {
+            if self.record.kind == FromEngineKind::PromptReady {
+                // Answers no frame: the prompt ran before the first frames.
+                continue;
+            }
             n += 1;
             self.in_flight = self.in_flight.saturating_sub(1);
             self.answered += 1;
             self.last_progress = Instant::now();
             match self.record.kind {
-                FromEngineKind::NoOutputYet => {}
+                FromEngineKind::NoOutputYet | FromEngineKind::PromptReady => {}
                 FromEngineKind::Dropped => rec.frames_dropped += 1,
                 FromEngineKind::Fault => return Err(EndReason::ModelFault),
                 FromEngineKind::Output => {

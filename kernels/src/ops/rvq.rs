@@ -1,15 +1,22 @@
 //! The codebook parts of Mimi's split RVQ (quantizer.cu): nearest-entry
-//! search with residual updates (encode) and codebook sums (decode). The
-//! 1×1 projections around them are GEMMs.
+//! search with residual updates (encode, one launch per codebook stage plus
+//! one that writes the last code) and codebook sums (decode). The 1×1
+//! projections around them are GEMMs.
 //!
-//! Device codebook layout (quantizer.cu's header): `books_t[c][dq][bins]`
-//! and `norms[c][bins] = ‖e‖²`.
+//! Device codebook layout (quantizer.cu's header): `books[c][bins][dq]`
+//! (entry-major) and `norms[c][bins] = ‖e‖²`.
 
 use super::{dim, int};
 use crate::device::{Arg, DevPtr, Device, DeviceError, DeviceResult, KernelId, NULL};
 
 /// `RVQ_THREADS` of quantizer.cu.
-pub const RVQ_THREADS: u32 = 256;
+pub const RVQ_THREADS: u32 = 128;
+/// `RVQ_ROWS` of quantizer.cu: slot-steps per block of a stage.
+pub const RVQ_ROWS: usize = 16;
+/// `RVQ_TILE` of quantizer.cu: codebook entries per block of a stage.
+pub const RVQ_TILE: usize = 64;
+/// Bytes of one partial minimum (`struct RvqBest`: a float and an int).
+pub const RVQ_BEST_BYTES: usize = 8;
 /// `RVQ_DEC_THREADS` of quantizer.cu.
 pub const RVQ_DEC_THREADS: u32 = 128;
 /// `RVQ_MAX_DIM` of quantizer.cu.
@@ -49,6 +56,17 @@ impl RvqShape {
         }
         Ok(())
     }
+
+    /// Entry tiles per codebook (blocks of a stage along the entries).
+    pub fn tiles(&self) -> usize {
+        self.bins.div_ceil(RVQ_TILE)
+    }
+
+    /// Bytes of the partial-minimum scratch an encode of `n_steps` needs
+    /// (two halves of `[n_steps][tiles]`).
+    pub fn part_bytes(&self, n_steps: usize) -> usize {
+        2 * n_steps * self.tiles() * RVQ_BEST_BYTES
+    }
 }
 
 /// The RVQ kernels of one device.
@@ -62,14 +80,16 @@ impl RvqKernels {
     /// Resolves the kernels.
     pub fn resolve<D: Device + ?Sized>(dev: &D) -> DeviceResult<Self> {
         Ok(RvqKernels {
-            encode: dev.kernel("rvq_encode")?,
+            encode: dev.kernel("rvq_stage")?,
             decode: dev.kernel("rvq_decode")?,
         })
     }
 
     /// For each active step j: the residual `xq[j]` (`[n_steps][dq]`, not
     /// modified) through the group's codebooks, each code written to
-    /// `codes[j·codes_stride + col0 + c]`. Inactive steps write nothing.
+    /// `codes[j·codes_stride + col0 + c]`; `part` is scratch of
+    /// [`RvqShape::part_bytes`]. Inactive steps write no code. Issues
+    /// `n_books + 1` launches.
     #[allow(clippy::too_many_arguments)]
     pub fn encode<D: Device + ?Sized>(
         &self,
@@ -77,34 +97,43 @@ impl RvqKernels {
         s: &RvqShape,
         n_steps: usize,
         xq: DevPtr,
-        books_t: DevPtr,
+        books: DevPtr,
         norms: DevPtr,
         steps: DevPtr,
+        part: DevPtr,
         codes: DevPtr,
     ) -> DeviceResult<()> {
-        const WHAT: &str = "rvq_encode";
+        const WHAT: &str = "rvq_stage";
         s.check(WHAT)?;
-        if xq == NULL || books_t == NULL || norms == NULL || steps == NULL || codes == NULL {
+        if [xq, books, norms, steps, part, codes].contains(&NULL) {
             return Err(DeviceError::shape(WHAT, "null operand"));
         }
-        dev.launch(
-            self.encode,
-            (dim(WHAT, n_steps)?, 1, 1),
-            RVQ_THREADS,
-            &[
-                Arg::Ptr(xq),
-                Arg::Ptr(books_t),
-                Arg::Ptr(norms),
-                Arg::Ptr(steps),
-                Arg::I32(int(WHAT, s.n_books)?),
-                Arg::I32(int(WHAT, s.dq)?),
-                Arg::I32(int(WHAT, s.bins)?),
-                Arg::I32(i32::from(s.bins > CDIST_MM_THRESHOLD)),
-                Arg::Ptr(codes),
-                Arg::I32(int(WHAT, s.codes_stride)?),
-                Arg::I32(int(WHAT, s.col0)?),
-            ],
-        )
+        let row_tiles = dim(WHAT, n_steps.div_ceil(RVQ_ROWS))?;
+        for stage in 0..=s.n_books {
+            let tiles = if stage < s.n_books { s.tiles() } else { 1 };
+            dev.launch(
+                self.encode,
+                (dim(WHAT, tiles)?, row_tiles, 1),
+                RVQ_THREADS,
+                &[
+                    Arg::Ptr(xq),
+                    Arg::Ptr(books),
+                    Arg::Ptr(norms),
+                    Arg::Ptr(steps),
+                    Arg::I32(int(WHAT, n_steps)?),
+                    Arg::I32(int(WHAT, s.n_books)?),
+                    Arg::I32(int(WHAT, s.dq)?),
+                    Arg::I32(int(WHAT, s.bins)?),
+                    Arg::I32(i32::from(s.bins > CDIST_MM_THRESHOLD)),
+                    Arg::I32(int(WHAT, stage)?),
+                    Arg::Ptr(part),
+                    Arg::Ptr(codes),
+                    Arg::I32(int(WHAT, s.codes_stride)?),
+                    Arg::I32(int(WHAT, s.col0)?),
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// `q[j] = Σ_c books[c][codes[j·codes_stride + col0 + c]]` (`[n_steps][dq]`);
@@ -117,14 +146,14 @@ impl RvqKernels {
         s: &RvqShape,
         n_steps: usize,
         codes: DevPtr,
-        books_t: DevPtr,
+        books: DevPtr,
         steps: DevPtr,
         q: DevPtr,
         fault: DevPtr,
     ) -> DeviceResult<()> {
         const WHAT: &str = "rvq_decode";
         s.check(WHAT)?;
-        if codes == NULL || books_t == NULL || steps == NULL || q == NULL {
+        if codes == NULL || books == NULL || steps == NULL || q == NULL {
             return Err(DeviceError::shape(WHAT, "null operand"));
         }
         dev.launch(
@@ -139,7 +168,7 @@ impl RvqKernels {
                 Arg::Ptr(codes),
                 Arg::I32(int(WHAT, s.codes_stride)?),
                 Arg::I32(int(WHAT, s.col0)?),
-                Arg::Ptr(books_t),
+                Arg::Ptr(books),
                 Arg::Ptr(steps),
                 Arg::I32(int(WHAT, s.n_books)?),
                 Arg::I32(int(WHAT, s.dq)?),

@@ -1,88 +1,107 @@
-//! RVQ encode (nearest codeword, both distance paths) and decode (sums).
+//! RVQ encode (nearest codeword, both distance paths, one launch per stage)
+//! and decode (sums), against a host search in f64.
 
 use super::*;
+use moshid_kernels::ops::rvq::{RvqKernels, RvqShape};
 
-pub(crate) fn transpose_books(
+/// The squared norms `[books][bins]` of entry-major codebooks
+/// (`[books][bins][dq]`), summed in index order as the loader does.
+pub(crate) fn book_norms(book: &[f32], books: usize, bins: usize, dq: usize) -> Vec<f32> {
+    (0..books * bins)
+        .map(|e| book[e * dq..(e + 1) * dq].iter().map(|v| v * v).sum())
+        .collect()
+}
+
+/// Codes `[n][books]` of the host search: per stage the entry of least
+/// exact distance (f64, first index on ties), then the residual update in
+/// f32 as the kernel subtracts.
+fn host_codes(
+    x: &[f32],
     book: &[f32],
-    books: usize,
-    bins: usize,
+    n: usize,
     dq: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut books_t = vec![0.0; books * dq * bins];
-    let mut norms = vec![0.0; books * bins];
-    for c in 0..books {
-        for b in 0..bins {
-            let e = &book[(c * bins + b) * dq..(c * bins + b + 1) * dq];
-            norms[c * bins + b] = e.iter().map(|v| v * v).sum();
+    bins: usize,
+    books: usize,
+) -> Vec<usize> {
+    let mut out = Vec::new();
+    for r in 0..n {
+        let mut res = x[r * dq..(r + 1) * dq].to_vec();
+        for c in 0..books {
+            let dist = |b: usize| -> f64 {
+                (0..dq)
+                    .map(|d| (res[d] as f64 - book[(c * bins + b) * dq + d] as f64).powi(2))
+                    .sum()
+            };
+            let best = (0..bins)
+                .min_by(|&a, &b| dist(a).total_cmp(&dist(b)))
+                .unwrap();
+            out.push(best);
             for d in 0..dq {
-                books_t[(c * dq + d) * bins + b] = e[d];
+                res[d] -= book[(c * bins + best) * dq + d];
             }
         }
     }
-    (books_t, norms)
+    out
+}
+
+/// Runs the encode of `x` (`[n][dq]`) with codes in columns 1.. of rows of
+/// `books + 1` (column 0 is someone else's and must stay untouched).
+fn encode(
+    dev: &mut dyn Device,
+    x: &[f32],
+    book: &[f32],
+    steps: &[SlotStep],
+    shape: (usize, usize, usize),
+) -> Vec<u32> {
+    let (dq, bins, books) = shape;
+    let n = steps.len();
+    let s = RvqShape {
+        n_books: books,
+        dq,
+        bins,
+        codes_stride: books + 1,
+        col0: 1,
+    };
+    let (dx, dbook) = (up(dev, x), up(dev, book));
+    let dn = up(dev, &book_norms(book, books, bins, dq));
+    let ds = up(dev, steps);
+    let part = zeros::<u8>(dev, s.part_bytes(n));
+    let codes = up(dev, &vec![7777u32; n * (books + 1)]);
+    RvqKernels::resolve(dev)
+        .unwrap()
+        .encode(dev, &s, n, dx, dbook, dn, ds, part, codes)
+        .unwrap();
+    down::<u32>(dev, codes, n * (books + 1))
 }
 
 #[test]
 fn rvq_encode_finds_nearest_and_decode_sums() {
-    // Both distance paths: the expanded form and the exact-distance path (≤ 25
-    // entries), a masked step and a code out of range.
-    for (n, dq, bins, books) in [(4, 256, 2048, 3), (3, 32, 20, 2)] {
+    // The expanded-distance path at the real shape (2048 entries, 32 tiles),
+    // an odd shape (dq not a multiple of the 32-wide slice, a short last
+    // tile, 37 steps over three row tiles) and the exact-distance path (≤ 25
+    // entries); a masked step each time and a code out of range on decode.
+    for (n, dq, bins, books) in [(4, 256, 2048, 3), (37, 40, 100, 4), (3, 32, 20, 2)] {
         let mut dev = device();
         let book = det(books * bins * dq, 9.0);
-        let (books_t, norms) = transpose_books(&book, books, bins, dq);
         let x = det(n * dq, 3.0);
         let mut steps = steps_all(n);
         steps[n - 1].active = 0;
-        let dx = up(&mut dev, &x);
-        let dbt = up(&mut dev, &books_t);
-        let dn = up(&mut dev, &norms);
-        let ds = up(&mut dev, &steps);
+        let mut got = encode(&mut *dev, &x, &book, &steps, (dq, bins, books));
+        let want = host_codes(&x, &book, n, dq, bins, books);
         let stride = books + 1;
-        let codes = up(&mut dev, &vec![7777u32; n * stride]);
-        dev.launch(
-            k(&dev, "rvq_encode"),
-            (n as u32, 1, 1),
-            RVQ_THREADS,
-            &[
-                Arg::Ptr(dx),
-                Arg::Ptr(dbt),
-                Arg::Ptr(dn),
-                Arg::Ptr(ds),
-                Arg::I32(books as i32),
-                Arg::I32(dq as i32),
-                Arg::I32(bins as i32),
-                Arg::I32((bins > 25) as i32),
-                Arg::Ptr(codes),
-                Arg::I32(stride as i32),
-                Arg::I32(1),
-            ],
-        )
-        .unwrap();
-        let mut got = down::<u32>(&mut dev, codes, n * stride);
         for r in 0..n {
             assert_eq!(got[r * stride], 7777, "column 0 is not the quantizer's");
             if r == n - 1 {
                 assert!(got[r * stride..(r + 1) * stride].iter().all(|&c| c == 7777));
                 continue;
             }
-            let mut res = x[r * dq..(r + 1) * dq].to_vec();
             for c in 0..books {
-                let dist = |b: usize| -> f32 {
-                    (0..dq)
-                        .map(|d| (res[d] - book[(c * bins + b) * dq + d]).powi(2))
-                        .sum()
-                };
-                let best = (0..bins)
-                    .min_by(|&a, &b| dist(a).total_cmp(&dist(b)))
-                    .unwrap();
                 assert_eq!(
                     got[r * stride + 1 + c] as usize,
-                    best,
-                    "row {r} codebook {c}"
+                    want[r * books + c],
+                    "shape {:?} row {r} codebook {c}",
+                    (n, dq, bins, books)
                 );
-                for d in 0..dq {
-                    res[d] -= book[(c * bins + best) * dq + d];
-                }
             }
         }
         // Decode; step 0's last code is made out of range (fault[0] set, no contribution).
@@ -90,28 +109,22 @@ fn rvq_encode_finds_nearest_and_decode_sums() {
         for r in 0..n {
             got[r * stride] = 0;
         }
-        write(&mut dev, codes, &got);
-        let q = zeros::<f32>(&mut dev, n * dq);
-        let fault = zeros::<i32>(&mut dev, n);
-        dev.launch(
-            k(&dev, "rvq_decode"),
-            (dq.div_ceil(RVQ_DEC_THREADS as usize) as u32, n as u32, 1),
-            RVQ_DEC_THREADS,
-            &[
-                Arg::Ptr(codes),
-                Arg::I32(stride as i32),
-                Arg::I32(1),
-                Arg::Ptr(dbt),
-                Arg::Ptr(ds),
-                Arg::I32(books as i32),
-                Arg::I32(dq as i32),
-                Arg::I32(bins as i32),
-                Arg::Ptr(q),
-                Arg::Ptr(fault),
-            ],
-        )
-        .unwrap();
-        let q = down::<f32>(&mut dev, q, n * dq);
+        let codes = up(&mut *dev, &got);
+        let (dbook, ds) = (up(&mut *dev, &book), up(&mut *dev, &steps));
+        let q = zeros::<f32>(&mut *dev, n * dq);
+        let fault = zeros::<i32>(&mut *dev, n);
+        let s = RvqShape {
+            n_books: books,
+            dq,
+            bins,
+            codes_stride: stride,
+            col0: 1,
+        };
+        RvqKernels::resolve(&*dev)
+            .unwrap()
+            .decode(&mut *dev, &s, n, codes, dbook, ds, q, fault)
+            .unwrap();
+        let q = down::<f32>(&mut *dev, q, n * dq);
         for r in 0..n - 1 {
             for d in 0..dq {
                 let want: f32 = (0..books)
@@ -127,6 +140,32 @@ fn rvq_encode_finds_nearest_and_decode_sums() {
         assert!(q[(n - 1) * dq..].iter().all(|&v| v == 0.0));
         let mut want_fault = vec![0; n];
         want_fault[0] = 1;
-        assert_eq!(down::<i32>(&mut dev, fault, n), want_fault);
+        assert_eq!(down::<i32>(&mut *dev, fault, n), want_fault);
     }
+}
+
+#[test]
+fn rvq_codes_do_not_depend_on_the_batch() {
+    // The same latents encoded alone, among 40 steps (three row tiles) at
+    // another position, and after a masked step: identical codes, and the
+    // first index wins a tie (entries 5 and 9 equal, the nearest to every x).
+    let (dq, bins, books) = (48, 130, 3);
+    let mut book = det(books * bins * dq, 2.0);
+    let near: Vec<f32> = det(dq, 70.0).iter().map(|v| v * 0.01).collect();
+    for b in [5, 9] {
+        book[b * dq..(b + 1) * dq].copy_from_slice(&near);
+    }
+    let one = det(dq, 40.0);
+    let mut x = det(40 * dq, 41.0);
+    x[33 * dq..34 * dq].copy_from_slice(&one);
+    let mut dev = device();
+    let alone = encode(&mut *dev, &one, &book, &steps_all(1), (dq, bins, books));
+    let mut steps = steps_all(40);
+    steps[32].active = 0;
+    let many = encode(&mut *dev, &x, &book, &steps, (dq, bins, books));
+    let row = |v: &[u32], r: usize| v[r * (books + 1) + 1..(r + 1) * (books + 1)].to_vec();
+    assert_eq!(row(&alone, 0), row(&many, 33));
+    // The tie: a latent at the shared entry picks 5, not 9.
+    let tie = encode(&mut *dev, &near, &book, &steps_all(1), (dq, bins, books));
+    assert_eq!(tie[1], 5);
 }

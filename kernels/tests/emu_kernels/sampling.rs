@@ -230,3 +230,76 @@ fn sampling_with_guidance_mixes_the_rows() {
         sample_ref(&mixed, 0.9, 5, u)
     );
 }
+
+/// Draws `rounds` tokens for each row of `logits` (`[rows][vocab]`, rows
+/// `rows`) with temperature `temp` and top-k `top_k` and checks each against
+/// the kernel's rules on the host with the same uniform.
+fn draws_follow_the_rules(
+    logits: &[f32],
+    vocab: usize,
+    temp: f32,
+    top_k: usize,
+    rounds: usize,
+    what: &str,
+) {
+    let n = logits.len() / vocab;
+    let mut dev = device();
+    let seeds: Vec<[u64; 4]> = (0..n as u64).map(|i| rng::seed_state(500 + i)).collect();
+    let params = SlotParams {
+        temp_text: temp,
+        temp_audio: temp,
+        top_k_text: top_k as i32,
+        top_k_audio: top_k as i32,
+        use_sampling: 1,
+        cfg_coef: 1.0,
+    };
+    let s = Sampling {
+        logits: up(&mut *dev, logits),
+        steps: up(&mut *dev, &steps_all(n)),
+        params: up(&mut *dev, &vec![params; n]),
+        rng: up(&mut *dev, &seeds.concat()),
+        out: zeros::<u32>(&mut *dev, n),
+    };
+    let mut host = seeds.clone();
+    for round in 0..rounds {
+        let got = sample(&mut *dev, &s, vocab, n, round % 2 == 1);
+        for j in 0..n {
+            let x = rng::next_u64(&mut host[j]);
+            let u = (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            let l = &logits[j * vocab..(j + 1) * vocab];
+            assert_eq!(
+                got[j],
+                sample_ref(l, temp, top_k, u),
+                "{what}: round {round} row {j}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sampling_top_k_cuts_through_ties_and_stops_early() {
+    // Logits on a coarse grid: the k-th largest value is shared by many
+    // entries, and the select must take the lowest indices among them.
+    let vocab = 2048;
+    let grid: Vec<f32> = det(3 * vocab, 21.0)
+        .iter()
+        .map(|v| (v * 6.0).round() * 0.5)
+        .collect();
+    for k in [1, 7, 250, vocab - 1] {
+        draws_follow_the_rules(&grid, vocab, 0.9, k, 12, &format!("grid, top {k}"));
+    }
+    // Every logit equal: the first k indices, drawn uniformly.
+    draws_follow_the_rules(&vec![0.25f32; vocab], vocab, 1.0, 10, 16, "all equal");
+    // Distinct logits (a bin is usually taken whole after two or three
+    // passes), negative ones, and -inf entries among the candidates.
+    let mut wide: Vec<f32> = det(2 * vocab, 3.0).iter().map(|v| v * 12.0 - 3.0).collect();
+    for i in (0..wide.len()).step_by(5) {
+        wide[i] = f32::NEG_INFINITY;
+    }
+    for k in [3, 250, vocab - 2] {
+        draws_follow_the_rules(&wide, vocab, 0.7, k, 8, &format!("wide, top {k}"));
+    }
+    // The text vocabulary, top 25.
+    let text: Vec<f32> = det(48_000, 8.0).iter().map(|v| v * 5.0).collect();
+    draws_follow_the_rules(&text, 48_000, 0.7, 25, 4, "text vocabulary");
+}

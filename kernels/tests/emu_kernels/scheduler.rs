@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::conv::conv_w;
-use crate::rvq::transpose_books;
+use crate::rvq::book_norms;
 use crate::sampling::{sample, Sampling};
 use moshid_kernels::ops::norm::NormKernels;
 use moshid_kernels::ops::rvq::{RvqKernels, RvqShape};
@@ -131,10 +131,11 @@ fn results_do_not_depend_on_the_thread_order() {
             .layer_norm(&mut dev, x, w, b, 1e-5, dim, NULL, n, y)
             .unwrap();
         let (dq, bins, books) = (64, 300, 2);
-        let (bt, norms) = transpose_books(&det(books * bins * dq, 5.0), books, bins, dq);
+        let book = det(books * bins * dq, 5.0);
+        let norms = book_norms(&book, books, bins, dq);
         let xq = up(&mut dev, &det(3 * dq, 6.0));
         let (dbt, dn, ds) = (
-            up(&mut dev, &bt),
+            up(&mut dev, &book),
             up(&mut dev, &norms),
             up(&mut dev, &steps_all(3)),
         );
@@ -146,9 +147,10 @@ fn results_do_not_depend_on_the_thread_order() {
             codes_stride: books,
             col0: 0,
         };
+        let part = zeros::<u8>(&mut dev, shape.part_bytes(3));
         RvqKernels::resolve(&dev)
             .unwrap()
-            .encode(&mut dev, &shape, 3, xq, dbt, dn, ds, codes)
+            .encode(&mut dev, &shape, 3, xq, dbt, dn, ds, part, codes)
             .unwrap();
         (
             toks,
@@ -230,6 +232,7 @@ fn emulator_speed() {
         Arg::Ptr(prev),
         Arg::Ptr(w),
         Arg::Ptr(NULL),
+        Arg::Ptr(NULL),
         Arg::Ptr(steps),
         Arg::I32(c_in as i32),
         Arg::I32(c_out as i32),
@@ -238,6 +241,7 @@ fn emulator_speed() {
         Arg::I32(1),
         Arg::I32(t_in as i32),
         Arg::I32(history as i32),
+        Arg::I32(0),
         Arg::Ptr(y),
     ];
     let f = k(&dev, "conv1d_stream");

@@ -6,8 +6,11 @@
 //! Hand-written, like the rest of the SIP grammar here: the header is a
 //! short list, and what matters is that every input gets a clear answer.
 //! Parameter names are case-insensitive (kept lower-cased); quoted strings
-//! may hold commas and `\"`-escaped characters (unescaped here); a value
-//! may be a token without quotes (`qop=auth`, `nc=00000001`).
+//! may hold commas and quoted-pairs (read, and unescaped, by
+//! [`super::quoted_string`], the one grammar moshid reads and writes them
+//! with); a value may be a token without quotes (`qop=auth`,
+//! `nc=00000001`). The same parser reads the challenges moshid answers as
+//! a client (`WWW-Authenticate`, `Proxy-Authenticate`).
 //!
 //! Invariants: parsing never panics on any input (fuzzed:
 //! `fuzz/fuzz_targets/sip_auth_header.rs`); at most [`MAX_PARAMS`]
@@ -15,6 +18,7 @@
 //! never a question of which one was verified.
 
 use super::message::is_token_byte;
+use super::quoted_string;
 
 /// Parameters accepted in one header.
 pub const MAX_PARAMS: usize = 32;
@@ -92,36 +96,10 @@ pub fn parse(value: &str) -> Result<Credentials, AuthHeaderError> {
         i = skip_ws(b, i + 1);
         // value: quoted string or token
         let v = if b.get(i) == Some(&b'"') {
-            let mut out = Vec::new();
-            i += 1;
-            loop {
-                match b.get(i) {
-                    None => {
-                        return Err(err(format!("unclosed quote in `{}`", clip(&name))));
-                    }
-                    Some(b'"') => {
-                        i += 1;
-                        break;
-                    }
-                    Some(b'\\') => {
-                        // quoted-pair: any character but CR and LF.
-                        match b.get(i + 1) {
-                            Some(&c) if c != b'\r' && c != b'\n' => out.push(c),
-                            _ => return Err(err("bad escape in a quoted string")),
-                        }
-                        i += 2;
-                    }
-                    Some(&c) if c.is_ascii_control() && c != b'\t' => {
-                        return Err(err("a control character in a quoted string"));
-                    }
-                    Some(&c) => {
-                        out.push(c);
-                        i += 1;
-                    }
-                }
-            }
-            // The input is UTF-8 and only ASCII bytes were taken out.
-            String::from_utf8(out).map_err(|_| err("a quoted string is not UTF-8"))?
+            let (v, end) = quoted_string::read(value, i)
+                .map_err(|e| err(format!("parameter `{}`: {e}", clip(&name))))?;
+            i = end;
+            v
         } else {
             let v0 = i;
             while i < b.len() && is_token_byte(b[i]) {
@@ -286,6 +264,14 @@ mod tests {
         assert_eq!(c.param("realm"), Some("r\\x"));
         assert_eq!(c.param("nonce"), Some("n1"));
         assert_eq!(c.param("uri"), Some("sip:m@h;x=\"y\""));
+        // Any ASCII character but CR and LF may be escaped, a control
+        // character must be (RFC 3261 §25.1).
+        assert_eq!(
+            parse("Digest realm=\"a\\\u{1c}\\\u{7f}\\\tb\"")
+                .unwrap()
+                .param("realm"),
+            Some("a\u{1c}\u{7f}\tb")
+        );
         // An empty quoted string is a value.
         assert_eq!(
             parse("Digest opaque=\"\"").unwrap().param("opaque"),
@@ -309,6 +295,8 @@ mod tests {
             ("Digest a=\"b\\", "escape at the end"),
             ("Digest a=\"b\\\r\"", "escaped CR"),
             ("Digest a=\"b\u{1}\"", "control character"),
+            ("Digest a=\"b\u{7f}\"", "DEL"),
+            ("Digest a=\"b\\\u{e9}\"", "escaped non-ASCII"),
             ("Digest a=b,", "trailing comma"),
             ("Digest a=b,,c=d", "empty element"),
             ("Digest a=b c=d", "no comma"),

@@ -11,7 +11,7 @@
 //! RustCrypto crates (`md-5`, `sha2`); the check compares in constant time
 //! (`subtle`), so the time a wrong response takes says nothing about how
 //! much of it was right. The `-sess` variants, SHA-512-256 and `auth-int`
-//! are not offered (see the README's "SIP, what is not done").
+//! are not offered (see docs/sip.md, "Not done").
 
 use sha2::Digest as _;
 use subtle::ConstantTimeEq;

@@ -4,7 +4,8 @@
 //! transactions and their timers ([`transaction`]), SDP offer/answer over
 //! the `sdp-types` parser ([`sdp`]), and digest authentication's pieces:
 //! the `Authorization` header ([`auth_header`]), MD5 and SHA-256 responses
-//! ([`digest`]), signed nonces and the replay table ([`nonce`]). The
+//! ([`digest`]), signed nonces and the replay table ([`nonce`]), and the one quoted-string
+//! grammar both sides read and write ([`quoted_string`]). The
 //! endpoint that runs them is the daemon's (`moshid::transport::sip`).
 //!
 //! SIP itself is parsed here: the crates looked at were either unmaintained
@@ -22,6 +23,7 @@ pub mod framing;
 pub mod message;
 pub mod nonce;
 pub mod peer;
+pub mod quoted_string;
 pub mod sdp;
 pub mod transaction;
 pub mod uri;

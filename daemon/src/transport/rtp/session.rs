@@ -587,6 +587,10 @@ impl Session {
         let mut now = None;
         let mut metrics_on = None;
         while self.mailbox.take(&mut self.record) {
+            if self.record.kind == FromEngineKind::PromptReady {
+                // Answers no frame: the prompt ran before the first frames.
+                continue;
+            }
             let t = *now.get_or_insert_with(Instant::now);
             if self.in_flight > 0 {
                 let released = self.released_at[self.released_head];
@@ -608,6 +612,7 @@ impl Session {
                     continue;
                 }
                 FromEngineKind::NoOutputYet => self.c.engine_no_output += 1,
+                FromEngineKind::PromptReady => {}
                 FromEngineKind::Output => {
                     self.c.engine_outputs += 1;
                     self.rec.frames_out += 1;

@@ -186,7 +186,16 @@ impl Endpoint {
             format!("Expires: {}", r.expires_s),
         ];
         if let (Some(c), Some(creds)) = (&mut r.challenge, &r.cfg.auth) {
-            extra.push(c.answer(creds, "REGISTER", &r.cfg.registrar, &cnonce));
+            match c.answer(creds, "REGISTER", &r.cfg.registrar, &cnonce) {
+                Ok(line) => extra.push(line),
+                Err(why) => {
+                    // Not answerable: forget the challenge; the retry asks
+                    // for a fresh one.
+                    r.challenge = None;
+                    self.registration_failed(i, None, &why, now);
+                    return;
+                }
+            }
         }
         let from = format!("<{}>;tag={}", r.cfg.aor, r.local_tag);
         let to = format!("<{}>", r.cfg.aor);

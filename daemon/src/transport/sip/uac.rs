@@ -371,9 +371,13 @@ impl Endpoint {
                     Ok(challenge) => {
                         o.challenged = true;
                         o.cseq += 1;
-                        let auth = self.answer_challenge(challenge, "INVITE", &o.request_uri);
-                        self.send_invite(&mut o, &call_id, Some(auth), now);
-                        self.outgoing.insert(call_id, o);
+                        match self.answer_challenge(challenge, "INVITE", &o.request_uri) {
+                            Ok(auth) => {
+                                self.send_invite(&mut o, &call_id, Some(auth), now);
+                                self.outgoing.insert(call_id, o);
+                            }
+                            Err(why) => self.fail_outgoing(o, Some(code), &why),
+                        }
                     }
                     Err(why) => self.fail_outgoing(o, Some(code), &why),
                 }
@@ -403,8 +407,14 @@ impl Endpoint {
         }
     }
 
-    /// The `Authorization` line for `challenge`, with a fresh cnonce.
-    fn answer_challenge(&mut self, mut challenge: Challenge, method: &str, uri: &str) -> String {
+    /// The `Authorization` line for `challenge`, with a fresh cnonce
+    /// (`Err`: a value it cannot carry, see [`Challenge::answer`]).
+    fn answer_challenge(
+        &mut self,
+        mut challenge: Challenge,
+        method: &str,
+        uri: &str,
+    ) -> Result<String, String> {
         let creds = self
             .app
             .shared

@@ -15,8 +15,9 @@ use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
 use super::stack::{Stack, StackScratch};
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult};
+use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases};
 use crate::ops::attention::KvType;
+use crate::ops::embed::{TokenCache, TokenCacheShape};
 use crate::ops::sampling::SampleArgs;
 use moshid_model::config::{LmConfig, NormKind};
 
@@ -148,6 +149,7 @@ impl Depformer {
             act,
             kv,
             max_rows,
+            StackPhases::DEPFORMER,
         )?;
         let mut norms = Vec::new();
         if let Some(kind) = cfg.depformer.norm {
@@ -215,9 +217,11 @@ impl Depformer {
         text: DevPtr,
         audio: DevPtr,
         sc: &StackScratch,
+        force: (&TokenCache, &TokenCacheShape),
     ) -> DeviceResult<()> {
         let (d, act) = (self.dim, self.act);
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
+            dev.phase(Phase::DepGemm);
             linear(
                 dev,
                 tout,
@@ -237,6 +241,7 @@ impl Depformer {
                     self.dep_q,
                 )
             };
+            dev.phase(Phase::DepSmall);
             match &emb.low_rank {
                 None => k.embed.add_rows(
                     dev,
@@ -261,6 +266,7 @@ impl Depformer {
                         stride,
                         emb.table.cols,
                     )?;
+                    dev.phase(Phase::DepGemm);
                     linear(
                         dev,
                         self.low_rank_tmp,
@@ -275,6 +281,7 @@ impl Depformer {
             }
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
+            dev.phase(Phase::DepSmall);
             let head_in = match (self.norms.get(step), act) {
                 (Some(n), _) if n.kind.is_layer_norm() => {
                     k.norm.layer_norm_to(
@@ -311,6 +318,7 @@ impl Depformer {
                     self.x_act
                 }
             };
+            dev.phase(Phase::DepGemm);
             linear(
                 dev,
                 head_in,
@@ -321,6 +329,7 @@ impl Depformer {
                 DType::F32,
                 false,
             )?;
+            dev.phase(Phase::DepSample);
             k.sample.sample(
                 dev,
                 &SampleArgs {
@@ -332,6 +341,18 @@ impl Depformer {
                     out_stride: self.dep_q,
                     ..sample
                 },
+            )?;
+            // PersonaPlex: a forced codebook feeds its target onwards.
+            let (tc, sh) = force;
+            k.embed.force(
+                dev,
+                tc,
+                sh,
+                sample.steps,
+                sample.n_steps,
+                1 + step,
+                audio + 4 * step as u64,
+                self.dep_q,
             )?;
         }
         Ok(())

@@ -16,8 +16,8 @@
 use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
-use crate::ops::attention::{AttnShape, KvType};
+use crate::device::{DType, DevPtr, Device, DeviceResult, StackPhases, NULL};
+use crate::ops::attention::{attn_partial_floats, attn_splits, AttnShape, KvType};
 pub use moshid_model::lm::StackShape;
 
 struct SetWeights {
@@ -74,13 +74,21 @@ pub struct Stack {
     kv: KvType,
     act: DType,
     kv_bytes: usize,
+    /// The profile's phases of this stack's calls.
+    phases: StackPhases,
+    /// The device's multiprocessors (the attention's splits).
+    sms: usize,
+    /// f32 partial results of split attention, for the largest call.
+    partial: DevPtr,
 }
 
 impl Stack {
     /// Loads the stack under `prefix` (`transformer`, `depformer`) with the
     /// tensor names of the official checkpoints (split attention names, as
     /// the checkpoint reader presents them), weights and activations in
-    /// `act`, and KV caches of `kv` for `cache_rows` rows.
+    /// `act`, and KV caches of `kv` for `cache_rows` rows; its calls are
+    /// marked with `phases`.
+    #[allow(clippy::too_many_arguments)]
     pub fn load<D: Device + ?Sized>(
         dev: &mut D,
         w: &mut WeightLoader<'_>,
@@ -89,6 +97,7 @@ impl Stack {
         act: DType,
         kv: KvType,
         cache_rows: usize,
+        phases: StackPhases,
     ) -> Result<Stack, GpuError> {
         let (d, hid) = (shape.dim, shape.hidden);
         let mut layers = Vec::with_capacity(shape.layers);
@@ -156,6 +165,8 @@ impl Stack {
                 v_cache: dev.alloc(kv_elems * kv.bytes())?,
             });
         }
+        let sms = dev.multiprocessors();
+        let partial = split_partials(dev, &shape, cache_rows, sms)?;
         let freqs = match shape.rope {
             Some(rope) => {
                 let hd = shape.head_dim();
@@ -174,6 +185,9 @@ impl Stack {
             freqs,
             kv,
             act,
+            phases,
+            sms,
+            partial,
         })
     }
 
@@ -185,6 +199,49 @@ impl Stack {
     /// Device bytes of the KV caches.
     pub fn kv_bytes(&self) -> usize {
         self.kv_bytes
+    }
+
+    /// Bytes of one position's keys (or values) in one layer.
+    pub fn kv_position_bytes(&self) -> usize {
+        self.shape.kv_dim() * self.kv.bytes()
+    }
+
+    /// Copies positions `first..end` of cache row `row` out of (`read`) or
+    /// into the KV caches, to or from `host` (`[layers][2][positions]`
+    /// position records), as at most two ring segments per cache.
+    pub fn copy_positions<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        row: usize,
+        first: usize,
+        end: usize,
+        host: &mut [u8],
+        read: bool,
+    ) -> DeviceResult<()> {
+        let cap = self.shape.capacity;
+        let pb = self.kv_position_bytes();
+        let n = end - first;
+        let mut at = 0;
+        for layer in &self.layers {
+            for cache in [layer.k_cache, layer.v_cache] {
+                let mut p = first;
+                while p < end {
+                    let idx = p % cap;
+                    let run = (cap - idx).min(end - p);
+                    let dptr = cache + ((row * cap + idx) * pb) as u64;
+                    let h = &mut host[at..at + run * pb];
+                    if read {
+                        dev.download(dptr, h)?;
+                    } else {
+                        dev.upload(dptr, h)?;
+                    }
+                    at += run * pb;
+                    p += run;
+                }
+            }
+        }
+        debug_assert_eq!(at, 2 * self.layers.len() * n * pb);
+        Ok(())
     }
 
     /// Runs the stack in place on `x` (`[rows][dim]` f32) with weight set
@@ -202,20 +259,17 @@ impl Stack {
     ) -> DeviceResult<()> {
         let sh = &self.shape;
         let (d, hid, act) = (sh.dim, sh.hidden, self.act);
-        let attn_shape = AttnShape {
-            dim: d,
-            heads: sh.heads,
-            kv_heads: sh.kv_heads,
-            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
-            capacity: sh.capacity,
-            context: sh.context,
-            rows,
-        };
+        let attn_shape = attn_shape(sh, rows);
+        let splits = attn_splits(&attn_shape, sh.context, self.sms);
+        let ph = self.phases;
         for layer in &self.layers {
             let w = &layer.sets[set];
+            dev.phase(ph.small);
             k.norm
                 .rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
+            dev.phase(ph.attn);
             k.attn.rope_kv_write(
                 dev,
                 self.kv,
@@ -226,24 +280,65 @@ impl Stack {
                 layer.v_cache,
                 &attn_shape,
             )?;
-            k.attn.attend(
+            k.attn.attend_split(
                 dev,
                 self.kv,
                 act,
                 sc.qkv,
-                layer.k_cache,
-                layer.v_cache,
-                row_info,
+                (layer.k_cache, layer.v_cache, row_info),
                 &attn_shape,
+                (splits, self.partial),
                 sc.attn,
             )?;
+            dev.phase(ph.gemm);
             linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
+            dev.phase(ph.small);
             k.norm
                 .rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
+            dev.phase(ph.small);
             k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
+            dev.phase(ph.gemm);
             linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
         }
         Ok(())
     }
+}
+
+/// The attention shape of a call of `rows` rows of stack `sh`.
+fn attn_shape(sh: &StackShape, rows: usize) -> AttnShape {
+    AttnShape {
+        dim: sh.dim,
+        heads: sh.heads,
+        kv_heads: sh.kv_heads,
+        rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
+        capacity: sh.capacity,
+        context: sh.context,
+        rows,
+    }
+}
+
+/// Checks the attention's shape (head width) at load and allocates the
+/// partial results of its largest split call of up to `max_rows` rows on a
+/// device of `sms` multiprocessors (NULL when no call splits).
+fn split_partials<D: Device + ?Sized>(
+    dev: &mut D,
+    shape: &StackShape,
+    max_rows: usize,
+    sms: usize,
+) -> Result<DevPtr, GpuError> {
+    attn_shape(shape, 1).head_dim()?;
+    let floats = (1..=max_rows.max(1))
+        .map(|r| {
+            let s = attn_shape(shape, r);
+            attn_partial_floats(&s, attn_splits(&s, shape.context, sms))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(if floats > 0 {
+        scratch(dev, floats, DType::F32)?
+    } else {
+        NULL
+    })
 }

@@ -16,8 +16,28 @@
 use super::weights::{at, Kind, Mem, Source};
 use crate::device::{DevPtr, Device, DeviceResult, NULL};
 use crate::model::GpuError;
-use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
+use crate::ops::conv::{ConvIo, ConvKernels, ConvShape, ConvTrShape};
 use moshid_model::weights::TensorSpec;
+
+/// What a conv call fuses around its product: ELU of its inputs, a
+/// residual added to its outputs (NULL: none), and the split-K scratch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConvAct {
+    pub(crate) elu: bool,
+    pub(crate) res: DevPtr,
+    pub(crate) part: DevPtr,
+}
+
+impl ConvAct {
+    /// The plain product (no ELU, no residual).
+    pub(crate) fn plain(part: DevPtr) -> Self {
+        ConvAct {
+            elu: false,
+            res: NULL,
+            part,
+        }
+    }
+}
 
 /// A causal streaming conv1d.
 #[derive(Debug, Clone)]
@@ -103,7 +123,18 @@ impl GpuConv {
         self.shape.history() * self.shape.c_in * 4 + if self.replicate { 4 } else { 0 }
     }
 
-    /// One call: `x` `[n][t_in][c_in]` → `y` `[n][t_in/stride][c_out]`.
+    /// Floats of split-K partial sums a call of `t_in` steps for `n` steps needs.
+    pub(crate) fn part_need(&self, n: usize, t_in: usize) -> usize {
+        if self.shape.c_out >= crate::ops::conv::GEMM_MIN_COUT {
+            self.shape.plan(t_in).part_floats(n)
+        } else {
+            0
+        }
+    }
+
+    /// One call: `x` `[n][t_in][c_in]` → `y` `[n][t_in/stride][c_out]`, with
+    /// ELU applied to the inputs when `elu` and `res` (NULL: none, may be
+    /// `y`) added to the outputs; `part`: scratch of [`GpuConv::part_need`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward<D: Device + ?Sized>(
         &self,
@@ -114,13 +145,26 @@ impl GpuConv {
         steps: DevPtr,
         x: DevPtr,
         y: DevPtr,
+        act: &ConvAct,
     ) -> DeviceResult<()> {
         let s = &self.shape;
         let hist = s.history();
         if self.replicate && hist > 0 {
             k.conv1d_replicate_pad(dev, s, t_in, n, x, self.prev, self.first, steps)?;
         }
-        k.conv1d_stream(dev, s, t_in, n, x, self.prev, self.w, self.bias, steps, y)?;
+        let io = ConvIo {
+            x,
+            state: self.prev,
+            w: self.w,
+            bias: self.bias,
+            res: act.res,
+            steps,
+            y,
+            tail: NULL,
+            part: act.part,
+            elu: act.elu,
+        };
+        k.conv1d_stream(dev, s, t_in, n, &io)?;
         if hist > 0 {
             k.conv1d_state_update(dev, s, t_in, n, x, self.prev, self.first, steps)?;
         }
@@ -244,8 +288,18 @@ impl GpuConvTr {
         n * self.shape.overlap() * self.shape.c_out
     }
 
-    /// One call: `x` `[n][t_in][c_in]` → `y` `[n][t_in·stride][c_out]`
-    /// (`tail`: scratch of [`GpuConvTr::tail_need`] floats).
+    /// Floats of split-K partial sums a call of `t_in` steps for `n` steps needs.
+    pub(crate) fn part_need(&self, n: usize, t_in: usize) -> usize {
+        if self.shape.depthwise {
+            0
+        } else {
+            self.shape.plan(t_in).part_floats(n)
+        }
+    }
+
+    /// One call: `x` `[n][t_in][c_in]` (after ELU when `act.elu`) → `y`
+    /// `[n][t_in·stride][c_out]` (`tail`: scratch of
+    /// [`GpuConvTr::tail_need`] floats; `act.res` must be NULL).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward<D: Device + ?Sized>(
         &self,
@@ -257,6 +311,7 @@ impl GpuConvTr {
         x: DevPtr,
         y: DevPtr,
         tail: DevPtr,
+        act: &ConvAct,
     ) -> DeviceResult<()> {
         let s = &self.shape;
         let (partial, tail) = if s.overlap() > 0 {
@@ -264,9 +319,19 @@ impl GpuConvTr {
         } else {
             (NULL, NULL)
         };
-        k.convtr1d_stream(
-            dev, s, t_in, n, x, partial, self.w, self.bias, steps, y, tail,
-        )?;
+        let io = ConvIo {
+            x,
+            state: partial,
+            w: self.w,
+            bias: self.bias,
+            res: act.res,
+            steps,
+            y,
+            tail,
+            part: act.part,
+            elu: act.elu,
+        };
+        k.convtr1d_stream(dev, s, t_in, n, &io)?;
         if s.overlap() > 0 {
             k.convtr1d_state_update(dev, s, n, tail, self.partial, steps)?;
         }

@@ -37,13 +37,13 @@ mod transformer;
 mod weights;
 
 use super::GpuError;
-use crate::device::{DevPtr, Device, DeviceError, DeviceResult};
-use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM};
+use crate::device::{DevPtr, Device, DeviceError, DeviceResult, Phase};
+use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM, ATT_VEC};
 use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::norm::NormKernels;
 use crate::ops::rvq::RvqKernels;
-use conv::{GpuConv, GpuConvTr};
+use conv::{ConvAct, GpuConv, GpuConvTr};
 use moshid_model::config::MimiConfig;
 use moshid_model::weights::{TensorSpec, Weights};
 use rvq::{GpuRvq, RvqBufs};
@@ -132,9 +132,9 @@ impl Skeleton {
             ));
         }
         let hd = tr.d_model / tr.num_heads;
-        if !hd.is_multiple_of(2) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
+        if !hd.is_multiple_of(ATT_VEC) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
             return Err(GpuError::Unsupported(format!(
-                "transformer head width {hd} (even, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
+                "transformer head width {hd} (a multiple of {ATT_VEC}, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
                 tr.context
             )));
         }
@@ -299,13 +299,19 @@ impl GpuMimi {
             .tail_need(n)
             .max(m.decoder.tail_need(n))
             .max(m.upsample.as_ref().map_or(0, |u| u.tail_need(n)));
+        let part = m
+            .encoder
+            .part_need(n, fs)
+            .max(m.decoder.part_need(n, stride))
+            .max(m.downsample.as_ref().map_or(0, |d| d.part_need(n, stride)))
+            .max(m.upsample.as_ref().map_or(0, |u| u.part_need(n, 1)));
         let mut scratch = |n: usize| mem.floats(dev, Kind::Scratch, n);
         let seanet_bufs = SeanetBufs {
             a: scratch(act)?,
             b: scratch(act)?,
             t1: scratch(act)?,
-            t2: scratch(act)?,
             tail: scratch(tail)?,
+            part: scratch(part)?,
         };
         let [xn, qkv, att, proj, hidden, rows] = m.encoder_transformer.need(n * stride);
         let tr_bufs = TransformerBufs {
@@ -319,6 +325,7 @@ impl GpuMimi {
         };
         let rvq_bufs = RvqBufs {
             xq: scratch(m.quantizer.need(n))?,
+            part: scratch(m.quantizer.part_bytes(n).div_ceil(4))?,
         };
         let state_per_slot = m.encoder.state_bytes()
             + m.decoder.state_bytes()
@@ -412,19 +419,24 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let fs = self.frame_samples;
+        dev.phase(Phase::MimiEncSeanet);
         let h = self
             .encoder
             .forward(dev, &k.conv, &k.ew, rows, fs, steps, pcm, None, sb)?;
+        dev.phase(Phase::MimiEncXfmr);
         self.encoder_transformer
             .forward(dev, k, rows, self.stride, steps, h, &self.tr_bufs)?;
         let latent = match &self.downsample {
             Some(d) => {
+                dev.phase(Phase::MimiEncSeanet);
                 let dst = if h == sb.a { sb.b } else { sb.a };
-                d.forward(dev, &k.conv, rows, self.stride, steps, h, dst)?;
+                let plain = ConvAct::plain(sb.part);
+                d.forward(dev, &k.conv, rows, self.stride, steps, h, dst, &plain)?;
                 dst
             }
             None => h,
         };
+        dev.phase(Phase::MimiEncRvq);
         self.quantizer.encode(
             dev,
             k,
@@ -456,6 +468,7 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let latent = sb.b;
+        dev.phase(Phase::MimiDecRvq);
         self.quantizer.decode(
             dev,
             k,
@@ -468,13 +481,17 @@ impl GpuMimi {
         )?;
         let x = match &self.upsample {
             Some(u) => {
-                u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail)?;
+                dev.phase(Phase::MimiDecSeanet);
+                let plain = ConvAct::plain(sb.part);
+                u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail, &plain)?;
                 sb.a
             }
             None => latent,
         };
+        dev.phase(Phase::MimiDecXfmr);
         self.decoder_transformer
             .forward(dev, k, rows, self.stride, steps, x, &self.tr_bufs)?;
+        dev.phase(Phase::MimiDecSeanet);
         let out = self.decoder.forward(
             dev,
             &k.conv,

@@ -5,7 +5,7 @@
 //! its output projection and adds the two parts (the second GEMM
 //! accumulates into the first's output).
 //!
-//! Device layout (quantizer.cu): per part, `books_t[c][dq][bins]` with
+//! Device layout (quantizer.cu): per part, `books[c][bins][dq]` with
 //! `e = embedding_sum / max(cluster_usage, 1e-5)` and `norms[c][bins] = ‖e‖²`
 //! summed in index order in f32 on the host, as the reference.
 //!
@@ -33,7 +33,7 @@ struct Part {
     col0: usize,
     in_proj: DevPtr,
     out_proj: DevPtr,
-    books_t: DevPtr,
+    books: DevPtr,
     norms: DevPtr,
 }
 
@@ -48,10 +48,12 @@ pub(crate) struct GpuRvq {
 }
 
 /// The scratch of one call: `xq`, `[n][dq]` (projected latents on encode,
-/// codebook sums on decode).
+/// codebook sums on decode), and `part`, the encode's partial minima
+/// ([`GpuRvq::part_bytes`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RvqBufs {
     pub(crate) xq: DevPtr,
+    pub(crate) part: DevPtr,
 }
 
 impl GpuRvq {
@@ -76,7 +78,7 @@ impl GpuRvq {
             col0,
             in_proj: NULL,
             out_proj: NULL,
-            books_t: NULL,
+            books: NULL,
             norms: NULL,
         };
         Ok(GpuRvq {
@@ -99,6 +101,11 @@ impl GpuRvq {
     /// Scratch floats of `xq` for `n` steps.
     pub(crate) fn need(&self, n: usize) -> usize {
         n * self.dq
+    }
+
+    /// Scratch bytes of `part` for `n` steps (both parts share it).
+    pub(crate) fn part_bytes(&self, n: usize) -> usize {
+        self.shape(&self.parts[0], 1).part_bytes(n)
     }
 
     pub(crate) fn specs(&self, out: &mut Vec<TensorSpec>) {
@@ -135,7 +142,7 @@ impl GpuRvq {
             r.in_proj = mem.upload_f32(dev, Kind::Weights, &w)?;
             let w = src.take(&format!("{}.output_proj.weight", r.prefix), &[d, dq, 1])?;
             r.out_proj = mem.upload_f32(dev, Kind::Weights, &w)?;
-            let mut books_t = vec![0.0f32; r.used * dq * bins];
+            let mut books = vec![0.0f32; r.used * bins * dq];
             let mut norms = vec![0.0f32; r.used * bins];
             for i in 0..r.stored {
                 let p = format!("{}.vq.layers.{i}._codebook", r.prefix);
@@ -150,14 +157,14 @@ impl GpuRvq {
                     let mut n2 = 0.0f32;
                     for k in 0..dq {
                         let e = sum[b * dq + k] / u;
-                        books_t[(i * dq + k) * bins + b] = e;
+                        books[(i * bins + b) * dq + k] = e;
                         n2 += e * e;
                     }
                     norms[i * bins + b] = n2;
                 }
             }
             if r.used > 0 {
-                r.books_t = mem.upload_f32(dev, Kind::Weights, &books_t)?;
+                r.books = mem.upload_f32(dev, Kind::Weights, &books)?;
                 r.norms = mem.upload_f32(dev, Kind::Weights, &norms)?;
             }
         }
@@ -191,7 +198,7 @@ impl GpuRvq {
             linear(dev, latent, r.in_proj, n, self.dq, self.d, b.xq, false)?;
             let s = self.shape(r, codes_stride);
             k.rvq
-                .encode(dev, &s, n, b.xq, r.books_t, r.norms, steps, codes)?;
+                .encode(dev, &s, n, b.xq, r.books, r.norms, steps, b.part, codes)?;
         }
         Ok(())
     }
@@ -212,7 +219,7 @@ impl GpuRvq {
         for (i, r) in self.parts.iter().filter(|r| r.used > 0).enumerate() {
             let s = self.shape(r, codes_stride);
             k.rvq
-                .decode(dev, &s, n, codes, r.books_t, steps, b.xq, NULL)?;
+                .decode(dev, &s, n, codes, r.books, steps, b.xq, NULL)?;
             linear(dev, b.xq, r.out_proj, n, self.d, self.dq, out, i > 0)?;
         }
         Ok(())

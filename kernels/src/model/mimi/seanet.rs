@@ -5,14 +5,19 @@
 //! residual block is `x + conv₁ₓ₁(ELU(conv_k,dil(ELU(x))))` (or a 1×1
 //! shortcut conv of x when `true_skip` is false).
 //!
+//! Every ELU runs inside the conv that follows it (the convs apply it to
+//! the inputs they read), and a residual block's skip inside its last conv
+//! (which adds it to its outputs), so a block is two or three conv launches
+//! and no element-wise pass.
+//!
 //! Invariants: activations are time-major `[n][t][c]`; the network reads its
-//! input buffer only through its first conv (so the caller's PCM is never
+//! input buffer only through its convs (so the caller's PCM is never
 //! written) and may write its last conv straight into the caller's output;
 //! in between it ping-pongs between the scratch buffers `a` and `b`, with
-//! `t1`, `t2` for the residual branches and `tail` for transposed convs. Only
-//! active steps' slots are read or written.
+//! `t1` for the residual branches, `tail` for transposed convs and `part`
+//! for split-K partial sums. Only active steps' slots are read or written.
 
-use super::conv::{GpuConv, GpuConvTr};
+use super::conv::{ConvAct, GpuConv, GpuConvTr};
 use super::weights::{Mem, Source};
 use crate::device::{DevPtr, Device, DeviceResult};
 use crate::model::GpuError;
@@ -34,14 +39,15 @@ enum Block {
 }
 
 /// The scratch buffers a SEANet call works in (each of [`GpuSeanet::act_need`]
-/// floats, `tail` of [`GpuSeanet::tail_need`]).
+/// floats, `tail` of [`GpuSeanet::tail_need`], `part` of
+/// [`GpuSeanet::part_need`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SeanetBufs {
     pub(crate) a: DevPtr,
     pub(crate) b: DevPtr,
     pub(crate) t1: DevPtr,
-    pub(crate) t2: DevPtr,
     pub(crate) tail: DevPtr,
+    pub(crate) part: DevPtr,
 }
 
 /// A SEANet encoder or decoder.
@@ -254,6 +260,36 @@ impl GpuSeanet {
             .unwrap_or(0)
     }
 
+    /// Floats of the split-K scratch for `n` steps of `t_in` input steps
+    /// (the largest any conv of the network needs).
+    pub(crate) fn part_need(&self, n: usize, t_in: usize) -> usize {
+        let mut t = t_in;
+        let mut need = 0;
+        for block in &self.blocks {
+            match *block {
+                Block::Conv(i) => {
+                    need = need.max(self.convs[i].part_need(n, t));
+                    t = self.convs[i].shape.t_out(t);
+                }
+                Block::ConvTr(i) => {
+                    need = need.max(self.convtrs[i].part_need(n, t));
+                    t = self.convtrs[i].shape.t_out(t);
+                }
+                Block::Elu => {}
+                Block::Res {
+                    conv1,
+                    conv2,
+                    shortcut,
+                } => {
+                    for c in [Some(conv1), Some(conv2), shortcut].into_iter().flatten() {
+                        need = need.max(self.convs[c].part_need(n, t));
+                    }
+                }
+            }
+        }
+        need
+    }
+
     /// Output steps for `t_in` input steps.
     pub(crate) fn t_out(&self, t_in: usize) -> usize {
         self.blocks.iter().fold(t_in, |t, b| match *b {
@@ -283,8 +319,14 @@ impl GpuSeanet {
         let mut cur = input;
         let other = |cur: DevPtr| if cur == bufs.a { bufs.b } else { bufs.a };
         let last = self.blocks.len().saturating_sub(1);
+        let plain = ConvAct::plain(bufs.part);
+        let elu = ConvAct { elu: true, ..plain };
+        // An ELU waiting for the conv after it.
+        let mut pending_elu = false;
         for (bi, block) in self.blocks.iter().enumerate() {
+            let act = if pending_elu { elu } else { plain };
             match *block {
+                Block::Elu if bi < last && self.fuses_elu(bi + 1) => pending_elu = true,
                 Block::Elu => {
                     // In place, except on the caller's input.
                     let dst = if cur == input { other(cur) } else { cur };
@@ -297,7 +339,7 @@ impl GpuSeanet {
                         Some(o) if bi == last => o,
                         _ => other(cur),
                     };
-                    cv.forward(dev, ck, n, t, steps, cur, dst)?;
+                    cv.forward(dev, ck, n, t, steps, cur, dst, &act)?;
                     t = cv.shape.t_out(t);
                     c = cv.shape.c_out;
                     cur = dst;
@@ -305,7 +347,7 @@ impl GpuSeanet {
                 Block::ConvTr(i) => {
                     let cv = &self.convtrs[i];
                     let dst = other(cur);
-                    cv.forward(dev, ck, n, t, steps, cur, dst, bufs.tail)?;
+                    cv.forward(dev, ck, n, t, steps, cur, dst, bufs.tail, &act)?;
                     t = cv.shape.t_out(t);
                     c = cv.shape.c_out;
                     cur = dst;
@@ -315,32 +357,51 @@ impl GpuSeanet {
                     conv2,
                     shortcut,
                 } => {
-                    let len = n * t * c;
                     let (c1, c2) = (&self.convs[conv1], &self.convs[conv2]);
-                    ew.elu(dev, cur, bufs.t1, len)?;
-                    c1.forward(dev, ck, n, t, steps, bufs.t1, bufs.t2)?;
-                    ew.elu(dev, bufs.t2, bufs.t2, n * t * c1.shape.c_out)?;
-                    c2.forward(dev, ck, n, t, steps, bufs.t2, bufs.t1)?;
-                    match shortcut {
+                    // The block's own ELUs: before conv1 (of x) and conv2.
+                    c1.forward(
+                        dev,
+                        ck,
+                        n,
+                        t,
+                        steps,
+                        cur,
+                        bufs.t1,
+                        &ConvAct { elu: true, ..act },
+                    )?;
+                    let dst = other(cur);
+                    let skip = match shortcut {
                         Some(s) => {
-                            let dst = other(cur);
-                            self.convs[s].forward(dev, ck, n, t, steps, cur, dst)?;
-                            ew.add(dev, dst, bufs.t1, len)?;
-                            cur = dst;
+                            self.convs[s].forward(dev, ck, n, t, steps, cur, dst, &act)?;
+                            dst
                         }
-                        None if cur == input => {
-                            // x + branch without writing the caller's input.
-                            let dst = other(cur);
-                            dev.copy_on_device(dst, cur, len * 4)?;
-                            ew.add(dev, dst, bufs.t1, len)?;
-                            cur = dst;
-                        }
-                        None => ew.add(dev, cur, bufs.t1, len)?,
-                    }
+                        None => cur,
+                    };
+                    let res = ConvAct {
+                        elu: true,
+                        res: skip,
+                        part: bufs.part,
+                    };
+                    c2.forward(dev, ck, n, t, steps, bufs.t1, dst, &res)?;
+                    cur = dst;
                 }
+            }
+            if !matches!(block, Block::Elu) {
+                pending_elu = false;
             }
         }
         Ok(cur)
+    }
+
+    /// Whether block `i` applies a preceding ELU itself (a conv or a dense
+    /// transposed conv; not a residual block, whose input feeds its skip
+    /// unchanged).
+    fn fuses_elu(&self, i: usize) -> bool {
+        match self.blocks[i] {
+            Block::Conv(_) => true,
+            Block::ConvTr(c) => !self.convtrs[c].shape.depthwise,
+            _ => false,
+        }
     }
 
     /// Issues the reset of `slot`.

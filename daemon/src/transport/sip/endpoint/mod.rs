@@ -224,8 +224,8 @@ impl Endpoint {
     /// The TCP connection `peer` closed: its calls end (reason
     /// `sip_connection_closed`), as moshid opens no connections of its own
     /// and so could neither send their BYE nor hear one (RFC 3261 §18.2.2
-    /// would have moshid connect to the Via's sent-by; see the README's
-    /// "not done").
+    /// would have moshid connect to the Via's sent-by; see docs/sip.md,
+    /// "Not done").
     pub fn on_connection_closed(&mut self, peer: Peer) {
         let gone: Vec<String> = self
             .calls
