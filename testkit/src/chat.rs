@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use moshid::client::{is_closed, would_block};
 use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES};
-use moshid::protocol::MessageKind;
+use moshid::protocol::END_OF_INPUT_MESSAGE;
 use serde_json::Value;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
@@ -27,19 +27,8 @@ use crate::ogg::assert_audio_in_order;
 use crate::{FRAME, IO_TIMEOUT, SESSION_END_TIMEOUT};
 
 /// Kind bytes of the chat protocol, as `u8` for building and matching raw
-/// messages.
-pub mod kind {
-    use moshid::protocol::MessageKind;
-
-    pub const HANDSHAKE: u8 = MessageKind::Handshake as u8;
-    pub const AUDIO: u8 = MessageKind::Audio as u8;
-    pub const TEXT: u8 = MessageKind::Text as u8;
-    pub const CONTROL: u8 = MessageKind::Control as u8;
-    pub const METADATA: u8 = MessageKind::Metadata as u8;
-    pub const ERROR: u8 = MessageKind::Error as u8;
-    /// The control message's byte that says the client's input is over.
-    pub const END_OF_INPUT: u8 = 0x01;
-}
+/// messages: the protocol's own.
+pub use moshid::protocol::kind;
 
 /// A chat WebSocket over plain TCP.
 pub type ChatSocket = WebSocket<TcpStream>;
@@ -391,7 +380,7 @@ impl ChatClient {
 
     /// Says the input is over (control message, end of input).
     pub fn send_end_of_input(&mut self) {
-        self.send_raw(vec![MessageKind::Control.byte(), kind::END_OF_INPUT]);
+        self.send_raw(END_OF_INPUT_MESSAGE.to_vec());
     }
 
     /// Sends any WebSocket message (blocking, bounded by the write timeout).

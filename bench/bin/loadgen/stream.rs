@@ -36,7 +36,8 @@ use anyhow::{anyhow, Result};
 use moshid::client::decode_audio;
 pub(crate) use moshid::client::would_block;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
-use moshid_testkit::chat::{kind, open_session, NotStarted};
+use moshid::protocol::kind;
+use moshid_testkit::chat::{open_session, NotStarted};
 use serde_json::Value;
 use tungstenite::{Bytes, Message, WebSocket};
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use moshid::client::decode_audio;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
-use moshid_testkit::chat::kind;
+use moshid::protocol::{kind, END_OF_INPUT_MESSAGE};
 use tungstenite::{Bytes, Message};
 
 use crate::audio::{EncodedAudio, StreamWriter};
@@ -167,8 +167,7 @@ fn session(
                 break;
             }
             if plan.ending == Ending::EndOfInput && !end_sent {
-                let end_of_input = [kind::CONTROL, kind::END_OF_INPUT];
-                match ws.send(Message::Binary(Bytes::copy_from_slice(&end_of_input))) {
+                match ws.send(Message::Binary(Bytes::from_static(&END_OF_INPUT_MESSAGE))) {
                     Ok(()) => {}
                     Err(e) if would_block(&e) => unflushed = true,
                     Err(e) => return Err(anyhow!("sending end of input: {e}")),
