@@ -33,6 +33,7 @@ mod conv;
 mod elementwise;
 mod errors;
 mod gemm;
+mod gemv;
 mod graphs;
 mod norms;
 mod rvq;
