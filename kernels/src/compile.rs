@@ -160,6 +160,12 @@ pub const MODULES: &[KernelModule] = &[
         ],
     },
     KernelModule {
+        name: "short_attn",
+        file: "short_attn.cu",
+        source: include_str!("../cuda/short_attn.cu"),
+        kernels: &["short_attn_f32", "short_attn_bf16"],
+    },
+    KernelModule {
         name: "quantizer",
         file: "quantizer.cu",
         source: include_str!("../cuda/quantizer.cu"),

@@ -18,6 +18,7 @@ pub mod gemv;
 pub mod norm;
 pub mod rvq;
 pub mod sampling;
+pub mod short_attn;
 pub mod types;
 
 use crate::device::{DeviceError, DeviceResult};
@@ -130,5 +131,18 @@ mod tests {
         assert_eq!(define(gemv, "GV_THREADS"), super::gemv::GV_THREADS as u64);
         assert_eq!(define(gemv, "GV_COLS"), super::gemv::GV_COLS as u64);
         assert_eq!(define(gemv, "GV_MAX_ROWS"), super::gemv::GV_MAX_ROWS as u64);
+        let sa = include_str!("../../cuda/short_attn.cu");
+        assert_eq!(
+            define(sa, "SA_THREADS"),
+            super::short_attn::SA_THREADS as u64
+        );
+        assert_eq!(
+            define(sa, "SA_MAX_KEYS"),
+            super::short_attn::SA_MAX_KEYS as u64
+        );
+        assert_eq!(
+            define(sa, "SA_MAX_HEAD_DIM"),
+            super::short_attn::SA_MAX_HEAD_DIM as u64
+        );
     }
 }

@@ -39,6 +39,7 @@ mod norms;
 mod rvq;
 mod sampling;
 mod scheduler;
+mod short_attn;
 
 use moshid_kernels::device::emu::{EmuDevice, Order};
 use moshid_kernels::device::{
