@@ -196,18 +196,21 @@ convtr1d_state_update(const float* __restrict__ tail, float* __restrict__ partia
 // Geometry: block = CG_THREADS (128) threads, a CG_BM × CG_BN (32 × 64)
 // tile of outputs, thread (ty, tx) = (tid / 16, tid % 16) the 4 × 4
 // outputs rows 4·ty.., columns 4·tx..; grid = (ceil(c_out / 64), phases ·
-// ceil(rows / 32), splits). The reduction walks CG_BK (16) at a time
-// through shared memory (A as [kk][row], 32 + 4 floats a line so that
-// both the stores of consecutive kk and the 16-byte reads are free of bank
-// conflicts; B as [kk][col]), the next slice loaded into registers while the
-// current one is used. Shared memory: 16 · 36 + 16 · 64 floats = 6.3 KiB.
+// ceil(rows / 32), splits). The reduction walks CG_BK (32) at a time
+// through shared memory (A as [kk][row], 32 + 4 floats a line so that the
+// 16-byte reads stay aligned and a warp's stores of 32 consecutive kk fall
+// on 8 banks, not 1; B as [kk][col]), loaded from global memory in whole
+// lines (consecutive threads: consecutive kk of a row, consecutive columns
+// of B), the next slice into registers while the current one is used. Shared memory: 32 · 36 + 32 · 64 floats = 12.5 KiB.
 // conv_gemm_reduce: a grid-stride loop over phases · rows · c_out,
 // block = CG_RED_THREADS (256), no shared memory.
 #define CG_THREADS 128
 #define CG_BM 32
 #define CG_BN 64
-#define CG_BK 16
+#define CG_BK 32
 #define CG_ALD (CG_BM + 4)
+#define CG_AU (CG_BM * CG_BK / CG_THREADS)  // A values a thread loads per slice
+#define CG_BU (CG_BK * CG_BN / CG_THREADS)  // B values a thread loads per slice
 #define CG_RED_THREADS 256
 
 // Four floats moved as one 16-byte access (float4 without the CUDA header).
@@ -290,12 +293,12 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
     const int k_all = taps * c_in;
     const int kb = blockIdx.z * k_split, ke = min(kb + k_split, k_all);
 
-    // This thread's A rows (tid / 16 + 8u) and B column (tid % 64) never change.
-    int a_j[4], a_t[4], a_slot[4];
-    bool a_live[4];
+    // This thread's A rows (tid / 32 + 4u) and B column (tid % 64) never change.
+    int a_j[CG_AU], a_t[CG_AU], a_slot[CG_AU];
+    bool a_live[CG_AU];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int r = r0 + (tid >> 4) + 8 * u;
+    for (int u = 0; u < CG_AU; ++u) {
+        const int r = r0 + (tid >> 5) + 4 * u;
         a_live[u] = false;
         a_j[u] = a_t[u] = a_slot[u] = 0;
         if (r < m_rows) {
@@ -307,13 +310,13 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
         }
     }
     const int b_col = c0 + (tid & 63);
-    float a_reg[4], b_reg[8];
+    float a_reg[CG_AU], b_reg[CG_BU];
     // Loads the slice [k0, k0 + CG_BK) of A and B into the registers.
     auto load = [&](int k0) {
-        const int kk = k0 + (tid & 15);
+        const int kk = k0 + (tid & 31);
         const int tap = kk / c_in, i = kk - tap * c_in;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < CG_AU; ++u) {
             float v = 0.f;
             if (kk < ke && a_live[u]) {
                 if (!transposed) {
@@ -329,7 +332,7 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
             a_reg[u] = v;
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < CG_BU; ++u) {
             const int bk = k0 + (tid >> 6) + 2 * u;
             float v = 0.f;
             if (bk < ke && b_col < c_out) {
@@ -354,9 +357,9 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
         float* as = &As[0][0].v[0];
         float* bs = &Bs[0][0].v[0];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) as[(tid & 15) * CG_ALD + (tid >> 4) + 8 * u] = a_reg[u];
+        for (int u = 0; u < CG_AU; ++u) as[(tid & 31) * CG_ALD + (tid >> 5) + 4 * u] = a_reg[u];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) bs[((tid >> 6) + 2 * u) * CG_BN + (tid & 63)] = b_reg[u];
+        for (int u = 0; u < CG_BU; ++u) bs[((tid >> 6) + 2 * u) * CG_BN + (tid & 63)] = b_reg[u];
         __syncthreads();
         if (k0 + CG_BK < ke) load(k0 + CG_BK);
 #pragma unroll

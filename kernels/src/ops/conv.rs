@@ -32,7 +32,7 @@ pub const CG_BM: usize = 32;
 /// `CG_BN` of conv.cu: output channels per GEMM block.
 pub const CG_BN: usize = 64;
 /// `CG_BK` of conv.cu: reduction slice.
-pub const CG_BK: usize = 16;
+pub const CG_BK: usize = 32;
 /// `CG_RED_THREADS` of conv.cu.
 pub const CG_RED_THREADS: u32 = 256;
 /// Layers with at least this many output channels take the implicit GEMM.

@@ -14,7 +14,7 @@ use crate::device::{Arg, DType, DevPtr, Device, DeviceError, DeviceResult, Kerne
 
 /// `GV_THREADS` of gemv.cu.
 pub const GV_THREADS: u32 = 256;
-/// `GV_COLS` of gemv.cu: output columns per block.
+/// `GV_COLS` of gemv.cu: output columns per thread group.
 pub const GV_COLS: usize = 4;
 /// `GV_MAX_ROWS` of gemv.cu.
 pub const GV_MAX_ROWS: usize = 8;
@@ -102,6 +102,14 @@ impl GemvKernels {
         Ok(GemvKernels { ids })
     }
 
+    /// The thread group of a product over `k` terms of `t`: the power of two
+    /// that covers one pass over K in 16-byte chunks, between 32 and
+    /// [`GV_THREADS`] (a function of K only, so the summation order is).
+    pub fn group(k: usize, t: DType) -> u32 {
+        let chunks = k.div_ceil(16 / t.bytes());
+        chunks.next_power_of_two().clamp(32, GV_THREADS as usize) as u32
+    }
+
     /// Whether a product of `rows` rows over `k` terms runs here (few rows,
     /// 16-byte aligned rows).
     pub fn takes(rows: usize, k: usize) -> bool {
@@ -141,9 +149,11 @@ impl GemvKernels {
             }
             _ => (NULL, 0.0, NULL),
         };
+        let group = Self::group(c.k, c.w_type);
+        let cols = GV_COLS * (GV_THREADS / group) as usize;
         dev.launch(
             kernel,
-            (dim(WHAT, c.n.div_ceil(GV_COLS))?, 1, 1),
+            (dim(WHAT, c.n.div_ceil(cols))?, 1, 1),
             GV_THREADS,
             &[
                 Arg::Ptr(c.x),
@@ -154,6 +164,7 @@ impl GemvKernels {
                 Arg::I32(int(WHAT, c.rows)?),
                 Arg::I32(int(WHAT, c.n)?),
                 Arg::I32(int(WHAT, c.k)?),
+                Arg::I32(group as i32),
                 Arg::I32(c.accumulate as i32),
                 Arg::Ptr(c.y),
             ],

@@ -181,9 +181,10 @@ fn gemv_matches_the_separate_kernels_and_a_product() {
                     rows as f32 + k as f32 * 0.01,
                 );
             }
-            // x' bit for bit (an identity product), on both kernels.
-            for rows in [2, 5] {
-                case(&mut *dev, t, kind, rows, 264, 264, false, 0.0);
+            // x' bit for bit (an identity product), on both kernels, with a
+            // block of 64 threads and of 256 (2056 terms).
+            for (rows, k) in [(2, 264), (5, 264), (3, 2056)] {
+                case(&mut *dev, t, kind, rows, k, k, false, 0.0);
             }
         }
     }

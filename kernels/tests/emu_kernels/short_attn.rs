@@ -174,13 +174,14 @@ fn run(c: Case) {
             .map(from_bf16)
             .collect(),
     };
-    for r in 0..rows {
-        for p in c.steps.saturating_sub(c.capacity)..c.steps {
-            if keys[r][p].is_empty() {
+    for (r, row_keys) in keys.iter().enumerate() {
+        let first = c.steps.saturating_sub(c.capacity);
+        for (p, key) in row_keys.iter().enumerate().skip(first) {
+            if key.is_empty() {
                 continue;
             }
             let at = (r * c.capacity + p % c.capacity) * kv_dim;
-            for (e, want) in keys[r][p].iter().enumerate() {
+            for (e, want) in key.iter().enumerate() {
                 let g = kd[at + e];
                 assert!(
                     (g - want).abs() <= 8e-3 * want.abs().max(1.0),

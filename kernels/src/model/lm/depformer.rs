@@ -7,12 +7,17 @@
 //! frame, the head `linears[k]` (after `depformer_norms[k]` when the config
 //! has a `depformer_norm`), then sampling into codebook `k`.
 //!
+//! The projections go through proj.rs (for few rows one launch each, the
+//! head's cast to bf16 inside it) and the stack's attention is one launch
+//! per layer (short_attn.cu).
+//!
 //! Invariants: the per-frame KV cache has one row per batch row and is
 //! rewritten from position 0 every frame (never reset); every launch
 //! depends only on the bucket's row count and fixed pointers (capturable).
 
-use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
+use super::proj::{project, ProjIn};
 use super::stack::{Stack, StackScratch};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult};
@@ -148,7 +153,8 @@ impl Depformer {
             act,
             kv,
             max_rows,
-        )?;
+        )?
+        .with_short_attention();
         let mut norms = Vec::new();
         if let Some(kind) = cfg.depformer.norm {
             for k in 0..cfg.dep_q {
@@ -218,15 +224,16 @@ impl Depformer {
     ) -> DeviceResult<()> {
         let (d, act) = (self.dim, self.act);
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
-            linear(
+            project(
                 dev,
-                tout,
+                k,
+                ProjIn::Act(tout),
                 act,
                 rows,
                 &self.depformer_in[self.in_index[step]],
                 self.x,
-                DType::F32,
                 false,
+                tout,
             )?;
             let (emb, tokens, stride) = if step == 0 {
                 (&self.text_emb, text, 1)
@@ -261,22 +268,23 @@ impl Depformer {
                         stride,
                         emb.table.cols,
                     )?;
-                    linear(
+                    project(
                         dev,
-                        self.low_rank_tmp,
+                        k,
+                        ProjIn::Act(self.low_rank_tmp),
                         act,
                         rows,
                         proj,
                         self.x,
-                        DType::F32,
                         true,
+                        self.low_rank_tmp,
                     )?;
                 }
             }
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
-            let head_in = match (self.norms.get(step), act) {
-                (Some(n), _) if n.kind.is_layer_norm() => {
+            let head_in = match self.norms.get(step) {
+                Some(n) if n.kind.is_layer_norm() => {
                     k.norm.layer_norm_to(
                         dev,
                         self.x,
@@ -289,37 +297,26 @@ impl Depformer {
                         self.x_act,
                         act,
                     )?;
-                    self.x_act
+                    ProjIn::Act(self.x_act)
                 }
-                (Some(n), _) => {
-                    k.norm.rms_norm(
-                        dev,
-                        self.x,
-                        n.weight,
-                        n.kind.eps(),
-                        d,
-                        row_info,
-                        rows,
-                        self.x_act,
-                        act,
-                    )?;
-                    self.x_act
-                }
-                (None, DType::F32) => self.x,
-                (None, DType::Bf16) => {
-                    k.ew.to_bf16(dev, self.x, self.x_act, rows * d)?;
-                    self.x_act
-                }
+                Some(n) => ProjIn::Rms {
+                    x: self.x,
+                    alpha: n.weight,
+                    eps: n.kind.eps(),
+                    rows: row_info,
+                },
+                None => ProjIn::Cast(self.x),
             };
-            linear(
+            project(
                 dev,
+                k,
                 head_in,
                 act,
                 rows,
                 &self.linears[step],
                 self.logits,
-                DType::F32,
                 false,
+                self.x_act,
             )?;
             k.sample.sample(
                 dev,

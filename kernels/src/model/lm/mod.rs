@@ -22,17 +22,20 @@
 //! [`GpuLm::load`].
 
 mod depformer;
+mod proj;
 mod stack;
 
-use super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::GpuError;
 use crate::device::as_bytes;
 use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
 use crate::ops::attention::{AttnKernels, KvType};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
+use crate::ops::gemv::GemvKernels;
 use crate::ops::norm::NormKernels;
 use crate::ops::sampling::{SampleArgs, SampleKernels};
+use crate::ops::short_attn::ShortAttnKernels;
 use crate::ops::types::SlotParams;
 use depformer::Depformer;
 use moshid_model::config::{LmConfig, ModelType};
@@ -52,6 +55,10 @@ pub struct LmKernels {
     pub embed: EmbedKernels,
     /// Sampling.
     pub sample: SampleKernels,
+    /// Few-row projections with their input's operation fused.
+    pub gemv: GemvKernels,
+    /// The depformer's one-launch attention.
+    pub short: ShortAttnKernels,
 }
 
 impl LmKernels {
@@ -63,6 +70,8 @@ impl LmKernels {
             ew: EwKernels::resolve(dev)?,
             embed: EmbedKernels::resolve(dev)?,
             sample: SampleKernels::resolve(dev)?,
+            gemv: GemvKernels::resolve(dev)?,
+            short: ShortAttnKernels::resolve(dev)?,
         })
     }
 }
@@ -419,15 +428,16 @@ impl GpuLm {
             self.tout,
             act,
         )?;
-        linear(
+        proj::project(
             dev,
-            self.tout,
+            k,
+            proj::ProjIn::Act(self.tout),
             act,
             rows,
             &self.text_linear,
             self.text_logits,
-            DType::F32,
             false,
+            self.tout,
         )?;
         let text_args = SampleArgs {
             logits: self.text_logits,

@@ -5,6 +5,12 @@
 //! key/value head `h / kv_repeat`) → out-projection added into the residual
 //! → RMSNorm → gated feed-forward added into the residual.
 //!
+//! The norms and the gate run inside the projections that read them
+//! (proj.rs: one launch for few rows), and a stack made with
+//! [`Stack::with_short_attention`] (the depformer: a window of a few
+//! positions, one new position per row and call) does RoPE, KV write and
+//! attention in one launch (short_attn.cu).
+//!
 //! Invariants: every GEMM runs once over all rows of the call (masked rows
 //! are zero rows: the norms write zeros for inactive `RowInfo`s and the
 //! embeddings do too, so they stay zero and finite); attention reads only
@@ -13,11 +19,13 @@
 //! are in the model's precision (bf16, or f32 for the exact reference mode);
 //! the residual stream, norms and softmax are f32.
 
-use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
+use super::proj::{project, ProjIn};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
 use crate::ops::attention::{AttnShape, KvType};
+use crate::ops::short_attn::ShortAttnKernels;
 pub use moshid_model::lm::StackShape;
 
 struct SetWeights {
@@ -74,6 +82,8 @@ pub struct Stack {
     kv: KvType,
     act: DType,
     kv_bytes: usize,
+    /// RoPE, KV write and attention in one launch (short_attn.cu).
+    short: bool,
 }
 
 impl Stack {
@@ -174,7 +184,31 @@ impl Stack {
             freqs,
             kv,
             act,
+            short: false,
         })
+    }
+
+    /// The same stack with its attention in one launch per layer, for a
+    /// stack whose calls write one position per row and attend over at
+    /// most [`SA_MAX_KEYS`](crate::ops::short_attn::SA_MAX_KEYS) of them
+    /// (the depformer); unchanged when the kernel does not take its shape.
+    pub fn with_short_attention(mut self) -> Self {
+        let s = self.attn_shape(1);
+        self.short = ShortAttnKernels::takes(&s, self.kv);
+        self
+    }
+
+    fn attn_shape(&self, rows: usize) -> AttnShape {
+        let sh = &self.shape;
+        AttnShape {
+            dim: sh.dim,
+            heads: sh.heads,
+            kv_heads: sh.kv_heads,
+            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
+            capacity: sh.capacity,
+            context: sh.context,
+            rows,
+        }
     }
 
     /// The shape.
@@ -201,48 +235,95 @@ impl Stack {
         sc: &StackScratch,
     ) -> DeviceResult<()> {
         let sh = &self.shape;
-        let (d, hid, act) = (sh.dim, sh.hidden, self.act);
-        let attn_shape = AttnShape {
-            dim: d,
-            heads: sh.heads,
-            kv_heads: sh.kv_heads,
-            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
-            capacity: sh.capacity,
-            context: sh.context,
-            rows,
-        };
+        let act = self.act;
+        let attn_shape = self.attn_shape(rows);
         for layer in &self.layers {
             let w = &layer.sets[set];
-            k.norm
-                .rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
-            linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
-            k.attn.rope_kv_write(
+            let norm = |alpha| ProjIn::Rms {
+                x,
+                alpha,
+                eps: sh.eps,
+                rows: row_info,
+            };
+            project(
                 dev,
-                self.kv,
-                sc.qkv,
-                self.freqs,
-                row_info,
-                layer.k_cache,
-                layer.v_cache,
-                &attn_shape,
-            )?;
-            k.attn.attend(
-                dev,
-                self.kv,
+                k,
+                norm(layer.norm1),
                 act,
+                rows,
+                &w.in_proj,
                 sc.qkv,
-                layer.k_cache,
-                layer.v_cache,
-                row_info,
-                &attn_shape,
-                sc.attn,
+                false,
+                sc.h,
             )?;
-            linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
-            k.norm
-                .rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
-            linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
-            k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
-            linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
+            if self.short {
+                k.short.attend(
+                    dev,
+                    self.kv,
+                    sc.qkv,
+                    self.freqs,
+                    row_info,
+                    layer.k_cache,
+                    layer.v_cache,
+                    &attn_shape,
+                    sc.attn,
+                )?;
+            } else {
+                k.attn.rope_kv_write(
+                    dev,
+                    self.kv,
+                    sc.qkv,
+                    self.freqs,
+                    row_info,
+                    layer.k_cache,
+                    layer.v_cache,
+                    &attn_shape,
+                )?;
+                k.attn.attend(
+                    dev,
+                    self.kv,
+                    act,
+                    sc.qkv,
+                    layer.k_cache,
+                    layer.v_cache,
+                    row_info,
+                    &attn_shape,
+                    sc.attn,
+                )?;
+            }
+            project(
+                dev,
+                k,
+                ProjIn::Act(sc.attn),
+                act,
+                rows,
+                &w.out_proj,
+                x,
+                true,
+                sc.h,
+            )?;
+            project(
+                dev,
+                k,
+                norm(layer.norm2),
+                act,
+                rows,
+                &w.ff_in,
+                sc.ff,
+                false,
+                sc.h,
+            )?;
+            project(
+                dev,
+                k,
+                ProjIn::Silu(sc.ff),
+                act,
+                rows,
+                &w.ff_out,
+                x,
+                true,
+                sc.act,
+            )?;
         }
         Ok(())
     }
