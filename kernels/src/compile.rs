@@ -135,6 +135,7 @@ pub const MODULES: &[KernelModule] = &[
             "convtr1d_dw_stream",
             "convtr1d_state_update",
             "conv_gemm",
+            "conv_gemm_tall",
             "conv_gemm_reduce",
         ],
     },

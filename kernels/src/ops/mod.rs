@@ -121,6 +121,7 @@ mod tests {
         for (name, v) in [
             ("CG_THREADS", super::conv::CG_THREADS as u64),
             ("CG_BM", super::conv::CG_BM as u64),
+            ("CG_BM_TALL", super::conv::CG_BM_TALL as u64),
             ("CG_BN", super::conv::CG_BN as u64),
             ("CG_BK", super::conv::CG_BK as u64),
             ("CG_RED_THREADS", super::conv::CG_RED_THREADS as u64),
