@@ -5,7 +5,7 @@
 //! - `/?start=1` starts a session without a click: ≥ 3 s of the model's
 //!   audio decoded and played by the page's AudioWorklet, text in the
 //!   transcript, the record shown after hang-up, and the daemon's log line
-//!   with ≥ 60 frames each way; the page's screenshot for the README.
+//!   with ≥ 60 frames each way; the page's screenshot for docs/browser.md.
 //! - A full server: the page shows the server's own message.
 //! - Built-in TLS with a self-signed certificate: the page over `https://`
 //!   and `wss://`, started by a click, capturing through the AudioWorklet
@@ -19,7 +19,7 @@
 //! - A model with a conditioner (the Hibiki fixture): its values and
 //!   `cfg_coef` are offered and reach the daemon.
 //!
-//! Each test holds one browser at a time (about 6–12 s each; see README).
+//! Each test holds one browser at a time (about 6–12 s each; see docs/browser.md).
 
 mod chromium;
 mod common;
@@ -159,7 +159,7 @@ fn start_param_runs_a_session_with_audio_text_and_record() {
 }
 
 /// The page's picture: always under the target folder; also
-/// `docs/page.png` (the README's) with `MOSHID_UPDATE_SCREENSHOTS=1`.
+/// `docs/page.png` (docs/browser.md's) with `MOSHID_UPDATE_SCREENSHOTS=1`.
 fn screenshot(b: &mut Browser) {
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moshid-page.png");
     b.screenshot(&tmp);

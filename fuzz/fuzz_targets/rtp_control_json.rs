@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use moshid::config::GenDefaults;
 use moshid::session::params::{session_params, ModelInfo};
-use moshid::transport::rtp::control::CreateRequest;
+use moshid::api::rtp::CreateRequest;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = serde_json::from_slice::<CreateRequest>(data) else {

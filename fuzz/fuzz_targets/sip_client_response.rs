@@ -5,16 +5,18 @@
 //! granted lifetime (`register::granted_expires`).
 //!
 //! Checked: no panic; an answer moshid writes to a challenge parses back
-//! with the server side's own parser, as a Digest response when it uses
-//! `qop=auth`; a codec taken from an answer is one moshid offered, on the
+//! with the server side's own parser (one quoted-string grammar,
+//! `quoted_string`), with the challenge's realm, nonce and opaque, and as
+//! a Digest response when it uses `qop=auth`; a codec taken from an answer is one moshid offered, on the
 //! payload type it offered; a lifetime is never longer than asked.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::sip::auth_header::{self, DigestResponse};
+use moshid_telephony::sip::auth_header::{self, DigestResponse};
 use moshid::transport::sip::client_auth;
-use moshid::transport::sip::config::SipClientCredentials;
-use moshid::transport::sip::{message, register, sdp};
+use moshid::config::sip::SipClientCredentials;
+use moshid::transport::sip::register;
+use moshid_telephony::sip::{message, sdp};
 
 const PREFS: [&str; 4] = ["opus", "PCMU", "PCMA", "L16"];
 
@@ -28,9 +30,15 @@ fuzz_target!(|data: &[u8]| {
     };
     for code in [401, 407] {
         if let Ok(mut c) = client_auth::pick(&m, code) {
-            let line = c.answer(&creds, "INVITE", "sip:a@127.0.0.1", "0123abcd");
+            let line = c
+                .answer(&creds, "INVITE", "sip:a@127.0.0.1", "0123abcd")
+                .expect("a picked challenge is answerable");
             let value = line.split_once(": ").expect("a header line").1;
             let parsed = auth_header::parse(value).expect("moshid's answer parses");
+            // The values went out escaped and came back as they were.
+            assert_eq!(parsed.param("realm"), Some(c.realm.as_str()));
+            assert_eq!(parsed.param("nonce"), Some(c.nonce.as_str()));
+            assert_eq!(parsed.param("opaque"), c.opaque.as_deref());
             if c.qop_auth {
                 DigestResponse::from_credentials(&parsed).expect("a Digest response");
             }

@@ -25,8 +25,13 @@
 // keys once the ring wrapped. Every write of a call (rope_kv_write_*) must be
 // complete before its attention launch: they are separate kernels.
 //
+// NVIDIA's fork (PersonaPlex) labels ring entries from the call's end, so
+// its oldest entry is never seen: `last` one past the newest position
+// (rows_from_steps' `end_label` = 1) gives exactly its window.
+//
 // Masked rows (RowInfo::active == 0) write nothing into the caches; their
 // attention output is zeros, as is that of a query whose window is empty.
+// Head widths are multiples of ATT_VEC (8) up to ATT_MAX_HEAD_DIM.
 #define ROPE_THREADS 128
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
@@ -100,172 +105,397 @@ rope_kv_write_f32(float* __restrict__ qkv, const float* __restrict__ freqs, cons
     rope_kv_write(qkv, freqs, rows, k_cache, v_cache, dim, kv_dim, head_dim, capacity, interleaved, 1.f);
 }
 
-// Two adjacent values of a cache row as f32. `p` is at an even element of a
-// row (head_dim and dim are even), so the bf16 and fp8 pairs are one aligned
-// 4- or 2-byte load; f32 (Mimi's short cache only) stays two loads.
-__device__ __forceinline__ void load_pair(const float* p, float& a, float& b) {
-    a = p[0];
-    b = p[1];
+// ---------------------------------------------------------------- attention
+//
+// Flash-Decoding over the ring: grid = (kv_heads · ceil(rep / ATT_HEADS_PER_BLOCK),
+// rows, splits), block = ATT_THREADS (4 warps). A block takes one key/value
+// head of one row and up to ATT_HEADS_PER_BLOCK of the query heads that
+// share it (rep = dim / kv_dim query heads per key/value head: each key is
+// read once for all of them), over split z of the row's window: the window's
+// n keys cut into `splits` runs of ceil(n / splits). With one split the
+// block normalises and writes the output; with more it writes its partial
+// result — per query head the running max m (log2 domain), the sum l and
+// the unnormalised accumulator — to `part`, [rows][heads][splits][head_dim + 2]
+// f32 (accumulator, then m, then l), and attn_combine merges the splits.
+//
+// Inside a block: a key row of head_dim values is cut into head_dim / 8
+// chunks of ATT_VEC = 8 values (one 16-byte load of bf16, 8 bytes of fp8,
+// two 16-byte loads of f32); lpk lanes (head_dim / 8 rounded up to a power
+// of two; lanes past the row idle) take one key, so a warp holds
+// 32 / lpk keys per load and ATT_UNROLL loads of keys and values in flight
+// per lane before it computes (AttRaw::unroll). Scores are reduced over the lpk lanes of a
+// key by shuffles, the softmax runs online with a warp-wide running max
+// (so lanes of different keys can sum their weighted values without
+// rescaling), and the warps' results merge through shared memory:
+// ATT_WARPS · ATT_HEADS_PER_BLOCK · (ATT_MAX_HEAD_DIM + 2) floats = 8 KiB.
+//
+// Numerics: scores are q·k · scale · kv_scale · log2(e) (qk_scale from the
+// host) and weights exp2 of their difference to the running max, the
+// official softmax up to rounding. fp8 e4m3 is widened four values per
+// 32-bit word by bit moves alone (sign to bit 31, exponent and mantissa to
+// bits 20..26: the f32 of the value times 2^-120, exact for normals and
+// subnormals alike since --ftz=false; the host folds 2^120 into qk_scale
+// and out_scale). NaN codes (0x7f, 0xff), which the cache never stores from
+// finite values (writes saturate to ±448), would read as ±480.
+#define ATT_VEC 8
+#define ATT_HEADS_PER_BLOCK 2
+#define ATT_UNROLL 4
+#define ATT_MAX_SPLITS 32
+
+// Loads ATT_VEC values of a cache row, raw (kept in registers until used).
+struct AttRawF32 { float4 a, b; };
+__device__ __forceinline__ AttRawF32 att_load(const float* p) {
+    const float4* v = reinterpret_cast<const float4*>(p);
+    AttRawF32 r;
+    r.a = v[0];
+    r.b = v[1];
+    return r;
 }
-__device__ __forceinline__ void load_pair(const bf16* p, float& a, float& b) {
-    const u32 v = *reinterpret_cast<const u32*>(p);
-    a = __uint_as_float(v << 16);
-    b = __uint_as_float(v & 0xffff0000u);
+__device__ __forceinline__ uint4 att_load(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 att_load(const __nv_fp8_e4m3* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ AttRawF32 att_zero(const float*) {
+    AttRawF32 r;
+    r.a.x = r.a.y = r.a.z = r.a.w = r.b.x = r.b.y = r.b.z = r.b.w = 0.f;
+    return r;
 }
-__device__ __forceinline__ void load_pair(const __nv_fp8_e4m3* p, float& a, float& b) {
-    const unsigned short v = *reinterpret_cast<const unsigned short*>(p);
-    __nv_fp8_e4m3 lo, hi;
-    lo.__x = (unsigned char)(v & 0xffu);
-    hi.__x = (unsigned char)(v >> 8);
-    a = float(lo);
-    b = float(hi);
+__device__ __forceinline__ uint4 att_zero(const bf16*) {
+    uint4 r;
+    r.x = r.y = r.z = r.w = 0u;
+    return r;
+}
+__device__ __forceinline__ uint2 att_zero(const __nv_fp8_e4m3*) {
+    uint2 r;
+    r.x = r.y = 0u;
+    return r;
 }
 
-// Geometry: grid = (heads, rows), block = ATT_THREADS (4 warps). Lane l holds
-// the elements 2l, 2l + 1 (+ 64 j) of the head (head_dim ≤ 256); warp w takes
-// two keys per iteration, start + w + 8 i and start + w + 8 i + 4, so that
-// every load of a key row is a full 128 bytes of bf16 across the warp and two
-// rows are in flight at once; online softmax (running max and sum) over the
-// pair. The four warps' partial results are merged through shared memory:
-// ATT_WARPS · (ATT_MAX_HEAD_DIM + 2) floats = 4 KiB, whatever the context.
-// Scores are q·k · scale with scale = 1/sqrt(head_dim) from the host; the
-// fp8 cache's kv_scale is applied once to each score and to the output.
-#define ATT_PAIRS (ATT_MAX_HEAD_DIM / 64)
-template <typename KV, typename OUT>
-__device__ __forceinline__ void attn_decode(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
-                                            const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
-                                            int dim, int kv_dim, int head_dim, int capacity, int context,
-                                            float scale, float kv_scale, OUT* __restrict__ out) {
-    __shared__ float s_acc[ATT_WARPS][ATT_MAX_HEAD_DIM];
-    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
-    const int h = blockIdx.x, r = blockIdx.y;
+// Widens raw values to f32 (fp8: times 2^-120, see above).
+__device__ __forceinline__ void att_unpack(const AttRawF32& r, float* x) {
+    x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w;
+    x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
+}
+__device__ __forceinline__ void att_bf16x2(u32 w, float* x) {
+    x[0] = __uint_as_float(w << 16);
+    x[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void att_unpack(const uint4& r, float* x) {
+    att_bf16x2(r.x, x);
+    att_bf16x2(r.y, x + 2);
+    att_bf16x2(r.z, x + 4);
+    att_bf16x2(r.w, x + 6);
+}
+__device__ __forceinline__ void att_e4m3x4(u32 w, float* x) {
+    x[0] = __uint_as_float(((w << 20) & 0x07f00000u) | ((w << 24) & 0x80000000u));
+    x[1] = __uint_as_float(((w << 12) & 0x07f00000u) | ((w << 16) & 0x80000000u));
+    x[2] = __uint_as_float(((w << 4) & 0x07f00000u) | ((w << 8) & 0x80000000u));
+    x[3] = __uint_as_float(((w >> 4) & 0x07f00000u) | (w & 0x80000000u));
+}
+__device__ __forceinline__ void att_unpack(const uint2& r, float* x) {
+    att_e4m3x4(r.x, x);
+    att_e4m3x4(r.y, x + 4);
+}
+
+// The raw type of ATT_VEC values of KV, and how many keys' loads a lane
+// keeps in flight: 4 × 2 × 16 bytes in bf16, the same bytes in fp8 (8 keys),
+// 2 keys in f32 (Mimi and the exact mode, where registers, not bandwidth,
+// are what is short).
+template <typename KV> struct AttRaw;
+template <> struct AttRaw<float> { typedef AttRawF32 T; static constexpr int unroll = 2; };
+template <> struct AttRaw<bf16> { typedef uint4 T; static constexpr int unroll = ATT_UNROLL; };
+template <> struct AttRaw<__nv_fp8_e4m3> { typedef uint2 T; static constexpr int unroll = 2 * ATT_UNROLL; };
+
+// The first position of a row's window (see the file's head).
+__device__ __forceinline__ int att_window_start(const RowInfo& ri, int context, int capacity) {
+    return max(max(ri.pos + 1 - context, ri.last + 1 - capacity), 0);
+}
+
+// A lane's place in a block: lanes per key (a power of two), keys per warp
+// load, its key slot and its chunk of the row.
+struct AttGeom {
+    int lpk, groups, g, c;
+    bool has_chunk;
+};
+
+__device__ __forceinline__ AttGeom att_geom(int head_dim, int lane) {
+    const int chunks = head_dim / ATT_VEC;
+    AttGeom ge;
+    ge.lpk = 1;
+    while (ge.lpk < chunks) ge.lpk <<= 1;
+    ge.groups = WARP / ge.lpk;
+    ge.g = lane / ge.lpk;
+    ge.c = lane % ge.lpk;
+    ge.has_chunk = ge.c < chunks;
+    return ge;
+}
+
+// A lane's running state per query head of the block: its chunk of the
+// (scaled) query and of the accumulator; the warp's running max and the
+// lane's key slot's running sum.
+struct AttLane {
+    float q[ATT_HEADS_PER_BLOCK][ATT_VEC], acc[ATT_HEADS_PER_BLOCK][ATT_VEC];
+    float m[ATT_HEADS_PER_BLOCK], l[ATT_HEADS_PER_BLOCK];
+};
+
+// Where a split's keys live: positions [k0, k1) of cache row `row0 /
+// capacity`, the first at ring index ring0; this lane's column.
+struct AttKeys {
+    int k0, k1, ring0, capacity, kv_dim;
+    size_t row0, col;
+};
+
+// One round of a warp over keys base + u·groups + g (u < unroll): every load
+// of keys and values first, then the scores and the online softmax.
+template <typename KV>
+__device__ __forceinline__ void att_round(const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+                                          const AttKeys& ks, const AttGeom& ge, int base, AttLane& st) {
+    typedef typename AttRaw<KV>::T Raw;
+    constexpr int UNROLL = AttRaw<KV>::unroll;
+    Raw kr[UNROLL], vr[UNROLL];
+    bool ok[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int p = base + u * ge.groups + ge.g;
+        ok[u] = p < ks.k1;
+        kr[u] = att_zero(k_cache);
+        vr[u] = att_zero(v_cache);
+        if (ok[u] && ge.has_chunk) {
+            int idx = ks.ring0 + (p - ks.k0);
+            if (idx >= ks.capacity) idx -= ks.capacity;
+            const size_t at = (ks.row0 + (size_t)idx) * ks.kv_dim + ks.col;
+            kr[u] = att_load(k_cache + at);
+            vr[u] = att_load(v_cache + at);
+        }
+    }
+    float s[UNROLL][ATT_HEADS_PER_BLOCK];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float x[ATT_VEC];
+        att_unpack(kr[u], x);
+#pragma unroll
+        for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) d = fmaf(st.q[j][i], x[i], d);
+            for (int o = ge.lpk >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            s[u][j] = ok[u] ? d : NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+        float mx = s[0][j];
+#pragma unroll
+        for (int u = 1; u < UNROLL; ++u) mx = fmaxf(mx, s[u][j]);
+        for (int o = ge.lpk; o < WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(st.m[j], mx);
+        if (m_new == NEG_INF) continue;  // no key yet (uniform over the warp)
+        const float corr = exp2f(st.m[j] - m_new);
+        st.l[j] *= corr;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] *= corr;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const float pw = exp2f(s[u][j] - m_new);
+            float x[ATT_VEC];
+            att_unpack(vr[u], x);
+            st.l[j] += pw;
+#pragma unroll
+            for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] = fmaf(pw, x[i], st.acc[j][i]);
+        }
+        st.m[j] = m_new;
+    }
+}
+
+// The block's shared memory for merging its warps.
+struct AttShared {
+    float acc[ATT_WARPS][ATT_HEADS_PER_BLOCK][ATT_MAX_HEAD_DIM];
+    float m[ATT_WARPS][ATT_HEADS_PER_BLOCK], l[ATT_WARPS][ATT_HEADS_PER_BLOCK];
+};
+
+// Merges a warp's key slots (one running max per warp: plain sums) into
+// shared memory; after the barrier, merges the warps and writes the `nh`
+// heads from h0 of row r: the output (one split) or split z's partial result.
+template <typename OUT>
+__device__ __forceinline__ void att_finish(AttLane& st, const AttGeom& ge, AttShared& sh, int nh, int h0, int r,
+                                           int dim, int head_dim, float out_scale, float* __restrict__ part,
+                                           OUT* __restrict__ out) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const RowInfo ri = rows[r];
-    OUT* o = out + (size_t)r * dim + (size_t)h * head_dim;
-    if (!ri.active) {
-        for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) store(o + e, 0.f);
-        return;
-    }
-    const float* q = qkv + (size_t)r * (dim + 2 * kv_dim) + (size_t)h * head_dim;
-    int start = ri.pos + 1 - context;
-    start = max(start, ri.last + 1 - capacity);
-    start = max(start, 0);
-    const float qk_scale = scale * kv_scale;
-    float qv[2 * ATT_PAIRS], acc[2 * ATT_PAIRS];
+    const int z = blockIdx.z, splits = gridDim.z, heads = dim / head_dim;
 #pragma unroll
-    for (int j = 0; j < ATT_PAIRS; ++j) {
-        const int e = 2 * lane + 64 * j;
-        qv[2 * j] = e < head_dim ? q[e] : 0.f;
-        qv[2 * j + 1] = e < head_dim ? q[e + 1] : 0.f;
-        acc[2 * j] = 0.f;
-        acc[2 * j + 1] = 0.f;
-    }
-    // The key/value head of query head h (kv_repeat = dim / kv_dim).
-    const size_t row0 = (size_t)ri.kv * capacity, head0 = (size_t)(h / (dim / kv_dim)) * head_dim;
-    float m = NEG_INF, l = 0.f;
-    for (int p0 = start + w; p0 <= ri.pos; p0 += 2 * ATT_WARPS) {
-        // The second key of the pair, or the first again with weight 0.
-        const bool two = p0 + ATT_WARPS <= ri.pos;
-        const int p1 = two ? p0 + ATT_WARPS : p0;
-        const size_t b0 = (row0 + (size_t)(p0 % capacity)) * kv_dim + head0;
-        const size_t b1 = (row0 + (size_t)(p1 % capacity)) * kv_dim + head0;
-        float d0 = 0.f, d1 = 0.f;
+    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+        for (int o = ge.lpk; o < WARP; o <<= 1) {
+            st.l[j] += __shfl_xor_sync(0xffffffffu, st.l[j], o);
 #pragma unroll
-        for (int j = 0; j < ATT_PAIRS; ++j) {
-            const int e = 2 * lane + 64 * j;
-            if (e < head_dim) {
-                float x0, y0, x1, y1;
-                load_pair(k_cache + b0 + e, x0, y0);
-                load_pair(k_cache + b1 + e, x1, y1);
-                d0 = fmaf(qv[2 * j], x0, d0);
-                d0 = fmaf(qv[2 * j + 1], y0, d0);
-                d1 = fmaf(qv[2 * j], x1, d1);
-                d1 = fmaf(qv[2 * j + 1], y1, d1);
-            }
+            for (int i = 0; i < ATT_VEC; ++i) st.acc[j][i] += __shfl_xor_sync(0xffffffffu, st.acc[j][i], o);
         }
-        const float s0 = warp_sum(d0) * qk_scale;
-        const float s1 = two ? warp_sum(d1) * qk_scale : NEG_INF;
-        const float m_new = fmaxf(m, fmaxf(s0, s1));
-        const float c = expf(m - m_new);
-        const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);
-        l = l * c + e0 + e1;
+        if (ge.g == 0 && ge.has_chunk) {
 #pragma unroll
-        for (int j = 0; j < ATT_PAIRS; ++j) {
-            const int e = 2 * lane + 64 * j;
-            if (e < head_dim) {
-                float x0, y0, x1, y1;
-                load_pair(v_cache + b0 + e, x0, y0);
-                load_pair(v_cache + b1 + e, x1, y1);
-                acc[2 * j] = fmaf(e1, x1, fmaf(e0, x0, acc[2 * j] * c));
-                acc[2 * j + 1] = fmaf(e1, y1, fmaf(e0, y0, acc[2 * j + 1] * c));
-            }
+            for (int i = 0; i < ATT_VEC; ++i) sh.acc[w][j][ge.c * ATT_VEC + i] = st.acc[j][i];
         }
-        m = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < ATT_PAIRS; ++j) {
-        const int e = 2 * lane + 64 * j;
-        if (e < head_dim) {
-            s_acc[w][e] = acc[2 * j];
-            s_acc[w][e + 1] = acc[2 * j + 1];
+        if (lane == 0) {
+            sh.m[w][j] = st.m[j];
+            sh.l[w][j] = st.l[j];
         }
-    }
-    if (lane == 0) {
-        s_m[w] = m;
-        s_l[w] = l;
     }
     __syncthreads();
-    float mm = s_m[0];
+    for (int t = threadIdx.x; t < nh * head_dim; t += ATT_THREADS) {
+        const int j = t / head_dim, e = t % head_dim;
+        float mm = NEG_INF;
 #pragma unroll
-    for (int i = 1; i < ATT_WARPS; ++i) mm = fmaxf(mm, s_m[i]);
-    float ll = 0.f, f[ATT_WARPS];
+        for (int i = 0; i < ATT_WARPS; ++i) mm = fmaxf(mm, sh.m[i][j]);
+        float ll = 0.f, a = 0.f;
 #pragma unroll
-    for (int i = 0; i < ATT_WARPS; ++i) {
-        // A warp that saw no key has m = -inf and l = 0: its factor is 0.
-        f[i] = s_l[i] > 0.f ? expf(s_m[i] - mm) : 0.f;
-        ll += s_l[i] * f[i];
+        for (int i = 0; i < ATT_WARPS; ++i) {
+            // A warp that saw no key has m = -inf and l = 0: factor 0.
+            const float f = sh.l[i][j] > 0.f ? exp2f(sh.m[i][j] - mm) : 0.f;
+            ll += sh.l[i][j] * f;
+            a += sh.acc[i][j][e] * f;
+        }
+        const int h = h0 + j;
+        if (splits == 1) {
+            // No key in the window (only when one call writes more positions
+            // than the ring holds, which the host refuses): zeros, not 0/0.
+            store(out + (size_t)r * dim + (size_t)h * head_dim + e, ll > 0.f ? a * (out_scale / ll) : 0.f);
+        } else {
+            float* pp = part + (((size_t)r * heads + h) * splits + z) * (head_dim + 2);
+            pp[e] = a;
+            if (e == 0) {
+                pp[head_dim] = mm;
+                pp[head_dim + 1] = ll;
+            }
+        }
     }
-    // No key in the window (only when one call writes more positions than
-    // the ring holds, which the host refuses): zeros, not 0/0.
-    const float inv = ll > 0.f ? kv_scale / ll : 0.f;
-    for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) {
-        float t = 0.f;
-#pragma unroll
-        for (int i = 0; i < ATT_WARPS; ++i) t += s_acc[i][e] * f[i];
-        store(o + e, t * inv);
+}
+
+template <typename KV, typename OUT>
+__device__ __forceinline__ void attn_split(const float* __restrict__ qkv, const KV* __restrict__ k_cache,
+                                           const KV* __restrict__ v_cache, const RowInfo* __restrict__ rows,
+                                           int dim, int kv_dim, int head_dim, int capacity, int context,
+                                           float qk_scale, float out_scale, float* __restrict__ part,
+                                           OUT* __restrict__ out) {
+    __shared__ AttShared sh;
+    const int rep = dim / kv_dim, hblocks = (rep + ATT_HEADS_PER_BLOCK - 1) / ATT_HEADS_PER_BLOCK;
+    const int kvh = blockIdx.x / hblocks, h0 = kvh * rep + (blockIdx.x % hblocks) * ATT_HEADS_PER_BLOCK;
+    const int nh = min(ATT_HEADS_PER_BLOCK, kvh * rep + rep - h0);
+    const int r = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
+    const RowInfo ri = rows[r];
+    if (!ri.active) {
+        if (splits == 1) {
+            for (int i = threadIdx.x; i < nh * head_dim; i += ATT_THREADS)
+                store(out + (size_t)r * dim + (size_t)h0 * head_dim + i, 0.f);
+        }
+        return;
     }
+    // This split's keys: positions [k0, k1).
+    const int start = att_window_start(ri, context, capacity);
+    const int n = max(ri.pos + 1 - start, 0), per = (n + splits - 1) / splits;
+    AttKeys ks;
+    ks.k0 = start + z * per;
+    ks.k1 = min(ks.k0 + per, ri.pos + 1);
+    ks.ring0 = ks.k0 % capacity;
+    ks.capacity = capacity;
+    ks.kv_dim = kv_dim;
+    const AttGeom ge = att_geom(head_dim, threadIdx.x & 31);
+    ks.row0 = (size_t)ri.kv * capacity;
+    ks.col = (size_t)kvh * head_dim + (size_t)ge.c * ATT_VEC;
+    AttLane st;
+    const float* qrow = qkv + (size_t)r * (dim + 2 * kv_dim);
+#pragma unroll
+    for (int j = 0; j < ATT_HEADS_PER_BLOCK; ++j) {
+        st.m[j] = NEG_INF;
+        st.l[j] = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) {
+            const bool mine = j < nh && ge.has_chunk;
+            st.q[j][i] = mine ? qrow[(size_t)(h0 + j) * head_dim + ge.c * ATT_VEC + i] * qk_scale : 0.f;
+            st.acc[j][i] = 0.f;
+        }
+    }
+    const int step = ge.groups * AttRaw<KV>::unroll, w = threadIdx.x >> 5;
+    for (int base = ks.k0 + w * step; base < ks.k1; base += ATT_WARPS * step)
+        att_round(k_cache, v_cache, ks, ge, base, st);
+    att_finish(st, ge, sh, nh, h0, r, dim, head_dim, out_scale, part, out);
 }
 
 // LM, bf16 cache, bf16 output (feeds the out-projection GEMM).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn_decode_bf16(const float* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                 const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
-                 float scale, bf16* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
+attn_split_bf16(const float* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
+                float qk_scale, float out_scale, float* __restrict__ part, bf16* __restrict__ out) {
+    attn_split(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, qk_scale, out_scale, part,
+               out);
 }
 
 // LM, fp8 e4m3 cache (values stored / kv_scale), bf16 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn_decode_fp8(const float* __restrict__ qkv, const __nv_fp8_e4m3* __restrict__ k_cache,
-                const __nv_fp8_e4m3* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
-                int head_dim, int capacity, int context, float scale, float kv_scale, bf16* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, kv_scale, out);
+attn_split_fp8(const float* __restrict__ qkv, const __nv_fp8_e4m3* __restrict__ k_cache,
+               const __nv_fp8_e4m3* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
+               int head_dim, int capacity, int context, float qk_scale, float out_scale, float* __restrict__ part,
+               bf16* __restrict__ out) {
+    attn_split(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, qk_scale, out_scale, part,
+               out);
 }
 
-// Mimi, f32 cache, f32 output.
+// Mimi and the exact LM mode, f32 cache, f32 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn_decode_f32(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
-                float scale, float* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
+attn_split_f32(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+               const RowInfo* __restrict__ rows, int dim, int kv_dim, int head_dim, int capacity, int context,
+               float qk_scale, float out_scale, float* __restrict__ part, float* __restrict__ out) {
+    attn_split(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, qk_scale, out_scale, part,
+               out);
 }
 
 // Mimi, bf16 cache, f32 output.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
-                        const bf16* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
-                        int head_dim, int capacity, int context, float scale, float* __restrict__ out) {
-    attn_decode(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, scale, 1.f, out);
+attn_split_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
+                       const bf16* __restrict__ v_cache, const RowInfo* __restrict__ rows, int dim, int kv_dim,
+                       int head_dim, int capacity, int context, float qk_scale, float out_scale,
+                       float* __restrict__ part, float* __restrict__ out) {
+    attn_split(qkv, k_cache, v_cache, rows, dim, kv_dim, head_dim, capacity, context, qk_scale, out_scale, part,
+               out);
+}
+
+// Merges the splits of attn_split (more than one): grid = (heads, rows),
+// block = ATT_THREADS, a thread per output element. Splits that saw no key
+// (l = 0) weigh nothing; a row with no key at all, or an inactive row, gets
+// zeros.
+template <typename OUT>
+__device__ __forceinline__ void attn_combine(const float* __restrict__ part, const RowInfo* __restrict__ rows,
+                                             int dim, int head_dim, int splits, float out_scale,
+                                             OUT* __restrict__ out) {
+    const int h = blockIdx.x, r = blockIdx.y, heads = dim / head_dim, stride = head_dim + 2;
+    OUT* o = out + (size_t)r * dim + (size_t)h * head_dim;
+    if (!rows[r].active) {
+        for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) store(o + e, 0.f);
+        return;
+    }
+    const float* pp = part + ((size_t)r * heads + h) * splits * stride;
+    float mm = NEG_INF;
+    for (int s = 0; s < splits; ++s)
+        if (pp[s * stride + head_dim + 1] > 0.f) mm = fmaxf(mm, pp[s * stride + head_dim]);
+    for (int e = threadIdx.x; e < head_dim; e += ATT_THREADS) {
+        float ll = 0.f, a = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const float l = pp[s * stride + head_dim + 1];
+            if (l > 0.f) {
+                const float f = exp2f(pp[s * stride + head_dim] - mm);
+                ll += l * f;
+                a += pp[s * stride + e] * f;
+            }
+        }
+        store(o + e, ll > 0.f ? a * (out_scale / ll) : 0.f);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_combine_bf16(const float* __restrict__ part, const RowInfo* __restrict__ rows, int dim, int head_dim,
+                  int splits, float out_scale, bf16* __restrict__ out) {
+    attn_combine(part, rows, dim, head_dim, splits, out_scale, out);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn_combine_f32(const float* __restrict__ part, const RowInfo* __restrict__ rows, int dim, int head_dim,
+                 int splits, float out_scale, float* __restrict__ out) {
+    attn_combine(part, rows, dim, head_dim, splits, out_scale, out);
 }
 
 // The transformer rows of a call with t steps per slot-step (Mimi: t =
@@ -282,8 +512,8 @@ attn_decode_bf16_f32out(const float* __restrict__ qkv, const bf16* __restrict__ 
 #define ROWS_THREADS 128
 
 extern "C" __global__ void __launch_bounds__(ROWS_THREADS)
-rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int* __restrict__ positions,
-                RowInfo* __restrict__ rows) {
+rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int end_label,
+                int* __restrict__ positions, RowInfo* __restrict__ rows) {
     const int j = blockIdx.x * ROWS_THREADS + threadIdx.x;
     if (j >= n_steps) return;
     const SlotStep st = steps[j];
@@ -299,7 +529,7 @@ rows_from_steps(const SlotStep* __restrict__ steps, int n_steps, int t, int* __r
     const int p0 = positions[st.slot];
     for (int i = 0; i < t; ++i) {
         RowInfo r;
-        r.kv = st.slot; r.pos = p0 + i; r.last = p0 + t - 1; r.step = j; r.active = 1;
+        r.kv = st.slot; r.pos = p0 + i; r.last = p0 + t - 1 + end_label; r.step = j; r.active = 1;
         out[i] = r;
     }
     positions[st.slot] = p0 + t;

@@ -11,6 +11,12 @@
 // and once t + 1 > max_delay the undelayed frame
 // (t + 1 − max_delay + delay[k]) % CT, k = 0..=dep_q, is read out.
 //
+// PersonaPlex (NVIDIA's LMGen; CPU reference: gen.rs module doc): the ring
+// is `lag` = 1 entry longer, user codes go to (t + delay[k] + lag) % CT and
+// mark their entry forced (forced[slot][k][CT], i32, NULL for Kyutai's
+// models); force_tokens replaces a sampled token by its forced target
+// (t + 1) % CT; token_cache_out clears the flags of entry t % CT.
+//
 // Invariants: only active SlotSteps read or write a slot's cache or offset;
 // each slot appears at most once in a launch (the host guarantees it), so a
 // thread per step owns its slot. Precondition: user codes are at most card
@@ -22,7 +28,7 @@
 extern "C" __global__ void __launch_bounds__(TOK_THREADS)
 token_cache_in(const SlotStep* __restrict__ steps, int n_steps, const u32* __restrict__ user_codes, int n_user,
                u32* __restrict__ cache, const int* __restrict__ offset, const int* __restrict__ delays, int K, int CT,
-               int dep_q, int card, int text_card, u32* __restrict__ tokens) {
+               int dep_q, int card, int text_card, u32* __restrict__ tokens, int lag, int* __restrict__ forced) {
     const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
     if (s >= n_steps) return;
     const SlotStep st = steps[s];
@@ -31,7 +37,9 @@ token_cache_in(const SlotStep* __restrict__ steps, int n_steps, const u32* __res
     u32* c = cache + (size_t)st.slot * K * CT;
     for (int j = 0; j < n_user; ++j) {
         const int k = 1 + dep_q + j;
-        c[k * CT + (t + delays[k]) % CT] = user_codes[(size_t)s * n_user + j];
+        const int at = k * CT + (t + delays[k] + lag) % CT;
+        c[at] = user_codes[(size_t)s * n_user + j];
+        if (forced != nullptr) forced[(size_t)st.slot * K * CT + at] = 1;
     }
     for (int k = 0; k < K; ++k)
         tokens[(size_t)s * K + k] = t <= delays[k] ? (k == 0 ? (u32)text_card : (u32)card) : c[k * CT + t % CT];
@@ -43,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(TOK_THREADS)
 token_cache_out(const SlotStep* __restrict__ steps, int n_steps, const u32* __restrict__ text,
                 const u32* __restrict__ audio, u32* __restrict__ cache, int* __restrict__ offset,
                 const int* __restrict__ delays, int K, int CT, int dep_q, int max_delay, u32* __restrict__ out,
-                int* __restrict__ ready) {
+                int* __restrict__ ready, int* __restrict__ forced) {
     const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
     if (s >= n_steps) return;
     const SlotStep st = steps[s];
@@ -51,6 +59,8 @@ token_cache_out(const SlotStep* __restrict__ steps, int n_steps, const u32* __re
     const int t = offset[st.slot] + 1;
     offset[st.slot] = t;
     u32* c = cache + (size_t)st.slot * K * CT;
+    if (forced != nullptr)
+        for (int k = 0; k < K; ++k) forced[(size_t)st.slot * K * CT + k * CT + (t - 1) % CT] = 0;
     c[t % CT] = text[s];
     for (int k = 0; k < dep_q; ++k) c[(1 + k) * CT + t % CT] = audio[(size_t)s * dep_q + k];
     if (t > max_delay) {
@@ -59,6 +69,22 @@ token_cache_out(const SlotStep* __restrict__ steps, int n_steps, const u32* __re
     } else {
         ready[s] = 0;
     }
+}
+
+// tok[s · stride] = the forced target of codebook row k when its entry
+// (offset + 1) % CT is forced (PersonaPlex), else left as sampled. Launched
+// after the text sampling (k = 0) and after each depformer step (k = 1 + j),
+// before token_cache_out. Geometry as token_cache_in.
+extern "C" __global__ void __launch_bounds__(TOK_THREADS)
+force_tokens(const SlotStep* __restrict__ steps, int n_steps, const u32* __restrict__ cache,
+             const int* __restrict__ forced, const int* __restrict__ offset, int K, int CT, int k,
+             u32* __restrict__ tok, int stride) {
+    const int s = blockIdx.x * TOK_THREADS + threadIdx.x;
+    if (s >= n_steps) return;
+    const SlotStep st = steps[s];
+    if (!st.active) return;
+    const size_t at = (size_t)st.slot * K * CT + (size_t)k * CT + (offset[st.slot] + 1) % CT;
+    if (forced[at]) tok[(size_t)s * stride] = cache[at];
 }
 
 // x[r] = Σ_{k<n_q} audio_emb[k][tok[k+1]] + text_emb[tok[0]] (+ cond[kv row]),

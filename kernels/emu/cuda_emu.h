@@ -59,6 +59,18 @@ struct uint3 {
 };
 typedef uint3 dim3;
 
+// CUDA's vector types the kernels load through (16- and 8-byte aligned, as
+// CUDA declares them, so a misaligned vector load shows under UBSan).
+struct alignas(8) uint2 {
+    unsigned int x, y;
+};
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 // The context of the CUDA thread that runs now (written by the scheduler).
 struct emu_ctx_t {
     uint3 thread_idx;

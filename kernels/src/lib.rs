@@ -17,6 +17,9 @@
 //! - [`ops`]: typed launches of every kernel; [`model`]: Mimi and the LM as
 //!   launch sequences and [`model::GpuModel`], the engine's
 //!   `StreamingModel` on a device, with one CUDA graph per batch bucket;
+//! - [`profile`]: the step profile of `gpu-bench --profile` (timing events
+//!   per phase, the analytic bytes and FLOPs of each phase, the device's
+//!   measured rates);
 //! - [`plan`]: host-side memory planning (weights, KV cache, per-slot state,
 //!   `max_slots` from free memory, batch buckets); [`rng`]: the per-slot
 //!   xoshiro256++ state the sampling kernel advances, seeded as the CPU
@@ -30,6 +33,7 @@ pub mod device;
 pub mod model;
 pub mod ops;
 pub mod plan;
+pub mod profile;
 pub mod ptxas;
 pub mod rng;
 pub mod shapes;

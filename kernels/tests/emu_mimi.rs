@@ -15,8 +15,12 @@
 //! - a captured graph replayed frame after frame (inputs copied into the
 //!   same device buffers) gives the same codes and audio as direct launches.
 
+// The PersonaPlex folder list is not used by this target.
+#[allow(dead_code)]
 #[path = "../../model/tests/golden_fixtures.rs"]
 mod fixtures;
+
+use fixtures::rel_err;
 
 use moshid_kernels::device::emu::EmuDevice;
 use moshid_kernels::device::{DevPtr, Device};
@@ -86,17 +90,6 @@ impl Io {
     fn ref_out(&self, stream: usize, fs: usize) -> &[f32] {
         &self.pcm_out[stream * self.frames * fs..(stream + 1) * self.frames * fs]
     }
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn config(dir: &Path) -> MimiConfig {

@@ -111,6 +111,10 @@ fn cuda_lm_reproduces_the_lm_fixtures() {
             KvType::Bf16,
         );
         agreement(&dir, "LM bf16", &b);
+        // A reset must leave nothing behind: the reused slot reproduces this
+        // model's own tokens (same batch, same GEMM shapes). Stepped alone,
+        // differences are the batch composition's (reported, not asserted).
+        assert_eq!(b.reuse_self_mismatches, 0, "{}: {b}", dir.display());
     }
 }
 

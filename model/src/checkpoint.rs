@@ -10,12 +10,24 @@
 //! * the fixture one: `lm_config.json`, `lm.safetensors`, `mimi_config.json`,
 //!   `mimi.safetensors` (and a `tokenizer.model` if present).
 //!
+//! PersonaPlex: NVIDIA's published folder has an empty `config.json`
+//! (its loader reads none and hard-codes Moshi 7B with 16 depformer weight
+//! sets), so a folder whose config is absent or empty is recognised as
+//! PersonaPlex by its tensors (`depformer_in.15.weight`, or a stacked
+//! depformer attention of 16 sets), or by an explicit family setting
+//! ([`CheckpointDir::open_as`]); [`Family`] says which.
+//!
+//! LoRA: a config with `lora: true` needs `lora.safetensors` beside the base
+//! weights; it is checked against the model from the headers and merged when
+//! the weights are read ([`CheckpointDir::open_lm_weights`]).
+//!
 //! Invariants: [`CheckpointDir::check`] reads headers only (a 15 GB
 //! checkpoint is validated in milliseconds) and fails on the first missing,
 //! extra, wrongly shaped or wrongly typed tensor, naming it.
 
-use crate::config::{ConfigError, LmConfig, MimiConfig, ModelType};
+use crate::config::{ConfigError, KvWindow, LmConfig, MimiConfig, ModelType};
 use crate::lm::Lm;
+use crate::lora::{LoraAdapter, LoraReport};
 use crate::mimi::Mimi;
 use crate::weights::{Checkpoint, CheckpointError};
 use std::path::{Path, PathBuf};
@@ -60,6 +72,62 @@ pub struct CheckpointDir {
     pub mimi_weights: PathBuf,
     /// SentencePiece model, when present.
     pub tokenizer: Option<PathBuf>,
+    /// The LoRA adapter to merge (`lora: true` in the config).
+    pub lora_weights: Option<PathBuf>,
+    /// How the model family was decided.
+    pub family: Family,
+}
+
+/// How a folder's model family was decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Family {
+    /// The config's `model_type` (or its default, `moshi`).
+    Config,
+    /// No config: the built-in Moshi 7B.
+    BuiltIn,
+    /// No config, and the LM's tensors say PersonaPlex (the tensor named).
+    Tensors(String),
+    /// An explicit setting.
+    Setting,
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Family::Config => f.write_str("from the config's model_type"),
+            Family::BuiltIn => f.write_str("no config: the built-in Moshi 7B settings"),
+            Family::Tensors(t) => write!(f, "recognised by its tensors ({t})"),
+            Family::Setting => f.write_str("from the explicit setting"),
+        }
+    }
+}
+
+/// Whether a config file is absent or says nothing (NVIDIA's published
+/// `config.json` is empty): then the built-in settings apply.
+fn config_is_empty(path: &Path) -> Result<bool, DirError> {
+    if !path.exists() {
+        return Ok(true);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| DirError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let t = text.trim();
+    Ok(t.is_empty() || t.chars().filter(|c| !c.is_whitespace()).eq("{}".chars()))
+}
+
+/// The tensor of an LM file that shows 16 depformer weight sets
+/// (PersonaPlex), if any.
+fn personaplex_marker(lm_weights: &Path, depformer_dim: usize) -> Result<Option<String>, DirError> {
+    let ck = crate::weights::Checkpoint::open_header(lm_weights)?;
+    let stacked_rows = 16 * 3 * depformer_dim;
+    let marker = ck.tensors().find_map(|(name, shape)| {
+        let hit = name == "depformer_in.15.weight"
+            || (name == "depformer.layers.0.self_attn.in_proj_weight"
+                && shape.first() == Some(&stacked_rows));
+        hit.then(|| name.to_string())
+    });
+    Ok(marker)
 }
 
 /// What a header-only check found.
@@ -75,6 +143,8 @@ pub struct CheckReport {
     pub kv_bytes_per_stream_bf16: usize,
     /// Tokenizer pieces, when a tokenizer is present.
     pub tokenizer_pieces: Option<usize>,
+    /// The LoRA adapter merged at load, when there is one.
+    pub lora: Option<LoraReport>,
 }
 
 fn existing(p: PathBuf) -> Result<PathBuf, DirError> {
@@ -88,6 +158,37 @@ fn existing(p: PathBuf) -> Result<PathBuf, DirError> {
 impl CheckpointDir {
     /// Resolves the files of a folder and parses its configurations.
     pub fn open(dir: &Path) -> Result<Self, DirError> {
+        Self::open_as(dir, None)
+    }
+
+    /// [`CheckpointDir::open`], with the model family given explicitly
+    /// (`Some(ModelType::PersonaPlex)` for a PersonaPlex folder whatever its
+    /// config and tensors say).
+    pub fn open_as(dir: &Path, family: Option<ModelType>) -> Result<Self, DirError> {
+        let mut d = Self::open_files(dir)?;
+        if let Some(t) = family.filter(|t| *t != d.lm.model_type) {
+            if t != ModelType::PersonaPlex || d.lm.model_type != ModelType::Moshi {
+                return Err(DirError::Config(ConfigError::BadValue {
+                    key: "model_type".into(),
+                    why: format!(
+                        "the setting asks for {t:?}, the folder holds {:?}; only a Moshi-shaped folder can be read as PersonaPlex",
+                        d.lm.model_type
+                    ),
+                }));
+            }
+            d.lm = LmConfig::personaplex_7b_from(&d.lm)?;
+            d.family = Family::Setting;
+        }
+        if d.lm.model_type == ModelType::PersonaPlex {
+            d.mimi.transformer.kv_window = KvWindow::ContextMinusOne;
+        }
+        if d.lm.lora.is_some() {
+            d.lora_weights = Some(existing(dir.join("lora.safetensors"))?);
+        }
+        Ok(d)
+    }
+
+    fn open_files(dir: &Path) -> Result<Self, DirError> {
         let published = dir.join("config.json");
         let fixture = dir.join("lm_config.json");
         if !published.exists() && fixture.exists() {
@@ -99,27 +200,55 @@ impl CheckpointDir {
                 lm_weights: existing(dir.join("lm.safetensors"))?,
                 mimi_weights: existing(dir.join("mimi.safetensors"))?,
                 tokenizer: tokenizer.is_file().then_some(tokenizer),
+                lora_weights: None,
+                family: Family::Config,
             });
         }
         if !dir.is_dir() {
             return Err(DirError::Missing(dir.to_path_buf()));
         }
-        let lm = if published.exists() {
-            LmConfig::from_file(&published)?
+        let (mut lm, mut family) = if config_is_empty(&published)? {
+            (LmConfig::moshi_7b(), Family::BuiltIn)
         } else {
-            LmConfig::moshi_7b()
+            (LmConfig::from_file(&published)?, Family::Config)
         };
+        let lm_weights = existing(dir.join(&lm.files.lm))?;
+        if family == Family::BuiltIn {
+            if let Some(marker) = personaplex_marker(&lm_weights, lm.depformer.dim)? {
+                lm = LmConfig::personaplex_7b();
+                family = Family::Tensors(marker);
+            }
+        }
         let mimi = match &lm.files.mimi_config {
             Some(name) => MimiConfig::from_file(&existing(dir.join(name))?)?,
             None => MimiConfig::mimi_default(),
         };
         Ok(CheckpointDir {
             dir: dir.to_path_buf(),
-            lm_weights: existing(dir.join(&lm.files.lm))?,
+            lm_weights,
             mimi_weights: existing(dir.join(&lm.files.mimi))?,
             tokenizer: Some(existing(dir.join(&lm.files.tokenizer))?),
             lm,
             mimi,
+            lora_weights: None,
+            family,
+        })
+    }
+
+    /// The LM weights for loading, with the LoRA adapter (if any) merged as
+    /// they are read.
+    pub fn open_lm_weights(&self) -> Result<crate::weights::Weights, DirError> {
+        use crate::weights::Weights;
+        Ok(match (&self.lora_weights, self.lm.lora) {
+            (Some(p), Some(cfg)) => {
+                let a = LoraAdapter::open(p, cfg)?;
+                a.check(
+                    &Lm::tensor_specs_used(&self.lm),
+                    &Lm::tensor_specs_unused(&self.lm),
+                )?;
+                Weights::open_with_lora(&self.lm_weights, a)?
+            }
+            _ => Weights::open(&self.lm_weights)?,
         })
     }
 
@@ -132,6 +261,13 @@ impl CheckpointDir {
     pub fn check(&self) -> Result<CheckReport, DirError> {
         let lm_params =
             Checkpoint::open_header(&self.lm_weights)?.validate(&Lm::tensor_specs(&self.lm))?;
+        let lora = match (&self.lora_weights, self.lm.lora) {
+            (Some(p), Some(cfg)) => Some(LoraAdapter::open_header(p, cfg)?.check(
+                &Lm::tensor_specs_used(&self.lm),
+                &Lm::tensor_specs_unused(&self.lm),
+            )?),
+            _ => None,
+        };
         let mimi_params = Checkpoint::open_header(&self.mimi_weights)?
             .validate(&Mimi::tensor_specs(&self.mimi))?;
         if self.mimi_codebooks() > self.mimi.quantizer.n_q {
@@ -181,6 +317,7 @@ impl CheckpointDir {
             mimi_params,
             kv_bytes_per_stream_bf16: self.lm.kv_bytes_per_stream(2),
             tokenizer_pieces,
+            lora,
         })
     }
 }
@@ -213,7 +350,26 @@ pub fn check_command(dir: &Path) -> std::process::ExitCode {
 pub fn print_report(d: &CheckpointDir, r: &CheckReport, elapsed: std::time::Duration) {
     let lm = &d.lm;
     println!("checkpoint {}: OK", d.dir.display());
-    println!("  model type        {:?}", r.model_type);
+    println!("  model type        {:?} ({})", r.model_type, d.family);
+    if let Some(l) = &r.lora {
+        println!(
+            "  LoRA              {} ({} layers, {} tables replaced, rank {}, scaling {}): merged at load",
+            d.lora_weights.as_deref().unwrap_or(Path::new("?")).display(),
+            l.layers,
+            l.replaced,
+            l.rank,
+            l.scaling
+        );
+    }
+    if d.lm.dep_q_stored > d.lm.dep_q {
+        println!(
+            "  depformer         {} of {} stored steps computed (steps {}..{} predict the user's audio)",
+            d.lm.dep_q,
+            d.lm.dep_q_stored,
+            d.lm.dep_q,
+            d.lm.dep_q_stored - 1
+        );
+    }
     println!(
         "  LM weights        {} ({} parameters)",
         d.lm_weights.display(),

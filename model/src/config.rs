@@ -62,6 +62,33 @@ pub enum ModelType {
     Moshi,
     /// Simultaneous speech translation.
     Hibiki,
+    /// NVIDIA PersonaPlex: the Moshi network steered by a voice prompt and a
+    /// text role prompt, with NVIDIA's `LMGen` (forced prefill, user audio
+    /// one frame later) and ring KV caches that see `context − 1` keys.
+    PersonaPlex,
+}
+
+/// What a streaming attention's ring KV cache shows a query once the ring
+/// is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvWindow {
+    /// Kyutai's `RingKVCache` (moshi 0.2.13): the last `context` keys.
+    #[default]
+    Context,
+    /// NVIDIA's fork (PersonaPlex): the slot the next write will overwrite
+    /// is labelled as a future position, so a query sees `context − 1` keys
+    /// (all keys at positions ≥ `end − context + 1`, `end` counting the keys
+    /// written so far, the current call's included).
+    ContextMinusOne,
+}
+
+/// A LoRA adapter's settings (moshi-finetune's `config.json` keys).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraConfig {
+    /// `lora_rank` (the official loader's default 128 when absent).
+    pub rank: usize,
+    /// `lora_scaling`, applied as it is (not divided by the rank; default 2.0).
+    pub scaling: f32,
 }
 
 /// Normalisation layers the official code offers and we compute.
@@ -298,8 +325,17 @@ pub struct LmConfig {
     pub existing_text_padding_id: u32,
     /// Audio codebooks in the token stream (generated + user).
     pub n_q: usize,
-    /// Audio codebooks the depformer generates.
+    /// Audio codebooks the depformer generates (PersonaPlex: the model's
+    /// own 8, although its file stores weight sets for 16 steps).
     pub dep_q: usize,
+    /// Depformer steps whose weights the file stores: `dep_q`, except
+    /// PersonaPlex (16: steps `dep_q..` predict the user's audio, which the
+    /// real input always overwrites, so they are never computed).
+    pub dep_q_stored: usize,
+    /// What the temporal transformer's ring KV cache shows a query.
+    pub kv_window: KvWindow,
+    /// A LoRA adapter to merge at load (`lora: true`), with its settings.
+    pub lora: Option<LoraConfig>,
     /// Entries per audio codebook.
     pub card: usize,
     /// Attention heads.
@@ -513,6 +549,7 @@ impl LmConfig {
         let model_type = match r.str_or("model_type", "moshi")?.as_str() {
             "moshi" => ModelType::Moshi,
             "hibiki" => ModelType::Hibiki,
+            "personaplex" => ModelType::PersonaPlex,
             other => {
                 return Err(bad(
                     "model_type",
@@ -537,7 +574,17 @@ impl LmConfig {
         let text_card = r.usize("text_card")?;
         let existing_text_padding_id = r.opt_usize("existing_text_padding_id")?.unwrap_or(3) as u32;
         let n_q = r.usize("n_q")?;
-        let dep_q = r.usize("dep_q")?;
+        let dep_q_stored = r.usize("dep_q")?;
+        let persona = model_type == ModelType::PersonaPlex;
+        if persona && (dep_q_stored != n_q || !n_q.is_multiple_of(2)) {
+            return Err(bad(
+                "dep_q",
+                format!("PersonaPlex stores a depformer step per audio codebook (n_q {n_q}, even), got {dep_q_stored}"),
+            ));
+        }
+        // PersonaPlex's depformer predicts both streams; only the model's
+        // own half is ever used (NVIDIA's `AUDIO_TOKENS_PER_STREAM`).
+        let dep_q = if persona { n_q / 2 } else { dep_q_stored };
         let card = r.usize("card")?;
         let num_heads = r.usize("num_heads")?;
         let num_layers = r.usize("num_layers")?;
@@ -579,9 +626,21 @@ impl LmConfig {
         r.expect("existing_text_end_padding_id", is_zero, "0")?;
         r.expect("cross_attention", is_false, "false")?;
         r.expect("quantize", is_false, "false")?;
-        r.expect("lora", is_false, "false")?;
-        r.skip("lora_rank");
-        r.skip("lora_scaling");
+        let lora = if r.bool_or("lora", false)? {
+            let rank = r.opt_usize("lora_rank")?.unwrap_or(128);
+            let scaling = r.opt_f64("lora_scaling")?.unwrap_or(2.0) as f32;
+            if rank == 0 || !scaling.is_finite() {
+                return Err(bad(
+                    "lora_rank",
+                    "a LoRA needs a positive rank and a finite scaling",
+                ));
+            }
+            Some(LoraConfig { rank, scaling })
+        } else {
+            r.skip("lora_rank");
+            r.skip("lora_scaling");
+            None
+        };
         r.skip("depformer_causal");
         r.expect("bias_ff", is_false, "false")?;
         r.expect("bias_attn", is_false, "false")?;
@@ -672,6 +731,13 @@ impl LmConfig {
             existing_text_padding_id,
             n_q,
             dep_q,
+            dep_q_stored,
+            kv_window: if persona {
+                KvWindow::ContextMinusOne
+            } else {
+                KvWindow::Context
+            },
+            lora,
             card,
             num_heads,
             kv_repeat,
@@ -876,7 +942,11 @@ impl LmConfig {
     /// `moshi/models/loaders.py`), key for key, its depformer feed-forward
     /// `int(4.125 · 1024)` written out.
     pub fn moshi_7b() -> Self {
-        let v = serde_json::json!({
+        Self::from_json(&Self::moshi_7b_json()).expect("the built-in Moshi 7B config is valid")
+    }
+
+    fn moshi_7b_json() -> Value {
+        serde_json::json!({
             "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
             "n_q": 16, "dep_q": 8, "card": 2048, "num_heads": 32, "num_layers": 32,
             "hidden_scale": 4.125, "causal": true, "layer_scale": null, "context": 3000,
@@ -888,8 +958,39 @@ impl LmConfig {
             "depformer_max_period": 10000, "depformer_gating": "silu",
             "depformer_pos_emb": "none", "depformer_weights_per_step": true,
             "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
-        });
-        Self::from_json(&v).expect("the built-in Moshi 7B config is valid")
+        })
+    }
+
+    /// The built-in PersonaPlex 7B configuration: NVIDIA's loader hard-codes
+    /// Moshi 7B's `_lm_kwargs` with `dep_q = 16` (its `config.json` is never
+    /// read).
+    pub fn personaplex_7b() -> Self {
+        let mut v = Self::moshi_7b_json();
+        v["dep_q"] = 16.into();
+        v["model_type"] = "personaplex".into();
+        Self::from_json(&v).expect("the built-in PersonaPlex 7B config is valid")
+    }
+
+    /// `base` (a Moshi-shaped config) read as PersonaPlex: its depformer
+    /// stores a step per audio codebook (an explicit family setting).
+    pub fn personaplex_7b_from(base: &LmConfig) -> Result<Self, ConfigError> {
+        if base.n_q != 2 * base.dep_q || base.lora.is_some() {
+            return Err(bad(
+                "model_type",
+                "only a Moshi-shaped LM without LoRA (n_q = 2 · dep_q) can be read as PersonaPlex",
+            ));
+        }
+        let mut c = base.clone();
+        c.model_type = ModelType::PersonaPlex;
+        c.dep_q_stored = c.n_q;
+        c.kv_window = KvWindow::ContextMinusOne;
+        Ok(c)
+    }
+
+    /// Attention window of the temporal transformer in steps (the current
+    /// one included): `context`, one less for [`KvWindow::ContextMinusOne`].
+    pub fn attention_window(&self) -> usize {
+        self.kv_window.window(self.context)
     }
 }
 
@@ -1014,6 +1115,9 @@ pub struct MimiTransformerConfig {
     pub dim_feedforward: usize,
     /// Norm kind.
     pub norm: NormKind,
+    /// What the ring KV caches show a query (set from the LM's family: not
+    /// a key of Mimi's configuration).
+    pub kv_window: KvWindow,
 }
 
 /// The Mimi codec configuration.
@@ -1031,6 +1135,16 @@ pub struct MimiConfig {
     pub quantizer: QuantizerConfig,
     /// Transformers.
     pub transformer: MimiTransformerConfig,
+}
+
+impl KvWindow {
+    /// Keys a query sees once the ring of `context` entries is full.
+    pub fn window(self, context: usize) -> usize {
+        match self {
+            KvWindow::Context => context,
+            KvWindow::ContextMinusOne => context.saturating_sub(1).max(1),
+        }
+    }
 }
 
 impl MimiConfig {
@@ -1096,6 +1210,7 @@ impl MimiConfig {
             max_period: t.opt_f64("max_period")?.unwrap_or(10_000.0) as f32,
             dim_feedforward: t.usize("dim_feedforward")?,
             norm: NormKind::parse("transformer.norm", &t.str_or("norm", "layer_norm")?)?,
+            kv_window: KvWindow::Context,
         };
         t.expect("causal", |v| v.as_bool() == Some(true), "true")?;
         t.expect("conv_layout", |v| v.as_bool() == Some(true), "true")?;

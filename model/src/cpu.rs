@@ -39,6 +39,10 @@ pub struct CpuModel {
     eos_codes: Vec<u32>,
     /// Slots that have not stepped since their reset.
     first_frame: Vec<bool>,
+    /// Which slots step this time (`exec`, less slots still owing a prompt).
+    exec: Vec<bool>,
+    /// Prompt work per slot (see `cpu_prompt.rs`).
+    pub(crate) prompts: crate::cpu_prompt::PromptSlots,
 }
 
 impl CpuModel {
@@ -57,7 +61,7 @@ impl CpuModel {
         let mut mw = Weights::open(&dir.mimi_weights)?;
         let mimi = Mimi::load(&dir.mimi, &mut mw, nq)?;
         mw.finish()?;
-        let mut lw = Weights::open(&dir.lm_weights)?;
+        let mut lw = dir.open_lm_weights()?;
         let lm = Lm::load(&dir.lm, &mut lw)?;
         lw.finish()?;
         Ok(Self::try_from_parts(mimi, lm, max_slots)?)
@@ -87,6 +91,8 @@ impl CpuModel {
             decode_active: vec![false; max_slots],
             eos_codes,
             first_frame: vec![true; max_slots],
+            exec: vec![false; max_slots],
+            prompts: crate::cpu_prompt::PromptSlots::new(&lm, &mimi, max_slots),
             mimi,
             lm,
             max_slots,
@@ -101,6 +107,24 @@ impl CpuModel {
     /// The codec.
     pub fn mimi(&self) -> &Mimi {
         &self.mimi
+    }
+
+    pub(crate) fn mimi_parts(&mut self) -> (&Mimi, &mut MimiState) {
+        (&self.mimi, &mut self.mimi_state)
+    }
+
+    pub(crate) fn prompt_parts(
+        &mut self,
+    ) -> (&Mimi, &mut MimiState, &mut crate::cpu_prompt::PromptSlots) {
+        (&self.mimi, &mut self.mimi_state, &mut self.prompts)
+    }
+
+    pub(crate) fn lm_parts(&mut self) -> (&Lm, &mut LmState) {
+        (&self.lm, &mut self.lm_state)
+    }
+
+    pub(crate) fn set_first_frame(&mut self, slot: usize, first: bool) {
+        self.first_frame[slot] = first;
     }
 
     /// The text logits of `slot`'s last step (after guidance), as the
@@ -135,7 +159,40 @@ impl StreamingModel for CpuModel {
             .map_err(|e| ModelError::Params(e.to_string()))?;
         self.mimi.reset_slot(&mut self.mimi_state, slot);
         self.first_frame[slot] = true;
+        self.prompts.reset(slot);
         Ok(())
+    }
+
+    fn takes_prompts(&self) -> bool {
+        self.prompts.needed()
+    }
+
+    fn begin_prompt(
+        &mut self,
+        slot: usize,
+        prompt: &crate::streaming::Prompt,
+    ) -> Result<(), ModelError> {
+        self.begin_prompt_impl(slot, prompt)
+    }
+
+    fn prompt_chunk(
+        &mut self,
+        slot: usize,
+        max_frames: usize,
+    ) -> Result<crate::streaming::PromptProgress, ModelError> {
+        self.prompt_chunk_impl(slot, max_frames)
+    }
+
+    fn snapshot_slot(&mut self, slot: usize) -> Result<crate::streaming::SlotSnapshot, ModelError> {
+        self.snapshot_impl(slot)
+    }
+
+    fn restore_slot(
+        &mut self,
+        slot: usize,
+        snap: &crate::streaming::SlotSnapshot,
+    ) -> Result<(), ModelError> {
+        self.restore_impl(slot, snap)
     }
 
     fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError> {
@@ -151,7 +208,14 @@ impl StreamingModel for CpuModel {
         let nq = self.mimi.num_codebooks();
         let n_user = self.user_codes.len() / self.max_slots.max(1);
         for s in 0..self.max_slots {
-            self.encode_active[s] = batch.exec[s] && !batch.end_of_input[s];
+            batch.fault[s] = None;
+            let owes_prompt = batch.exec[s] && !self.prompts.ready(s);
+            if owes_prompt {
+                batch.fault[s] = Some(SlotFault::NoPrompt);
+                batch.has_output[s] = false;
+            }
+            self.exec[s] = batch.exec[s] && !owes_prompt;
+            self.encode_active[s] = self.exec[s] && !batch.end_of_input[s];
         }
         self.mimi.encode_step(
             &mut self.mimi_state,
@@ -160,7 +224,7 @@ impl StreamingModel for CpuModel {
             &mut self.codes,
         );
         for s in 0..self.max_slots {
-            if !batch.exec[s] {
+            if !self.exec[s] {
                 continue;
             }
             if std::mem::take(&mut self.first_frame[s]) {
@@ -176,15 +240,21 @@ impl StreamingModel for CpuModel {
         self.lm.step(
             &mut self.lm_state,
             &self.user_codes,
-            &batch.exec,
+            &self.exec,
             &mut self.lm_out,
         );
         for s in 0..self.max_slots {
-            batch.fault[s] = None;
-            let ready = batch.exec[s] && self.lm_out.tokens(s).is_some();
+            if !self.exec[s] {
+                if batch.fault[s].is_none() {
+                    batch.has_output[s] = false;
+                }
+                self.decode_active[s] = false;
+                continue;
+            }
+            let ready = self.lm_out.tokens(s).is_some();
             self.decode_active[s] = ready;
             batch.has_output[s] = ready;
-            if let Some(t) = self.lm_out.tokens(s).filter(|_| batch.exec[s]) {
+            if let Some(t) = self.lm_out.tokens(s) {
                 batch.text_token[s] = t[0];
                 let audio = &t[1..];
                 self.gen_codes[s * nq..s * nq + audio.len()].copy_from_slice(audio);

@@ -604,22 +604,22 @@ fn parse_piece(body: &[u8], base: usize) -> Result<(Box<str>, f32, PieceKind), S
 
 /// A cursor over protobuf wire data. `base` is the offset of `buf[0]` in the
 /// whole input, so errors report absolute offsets.
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
     base: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8], base: usize) -> Self {
+    pub(crate) fn new(buf: &'a [u8], base: usize) -> Self {
         Reader { buf, pos: 0, base }
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pos >= self.buf.len()
     }
 
-    fn offset(&self) -> usize {
+    pub(crate) fn offset(&self) -> usize {
         self.base + self.pos
     }
 
@@ -631,7 +631,7 @@ impl<'a> Reader<'a> {
         SpmError::Malformed { offset, kind }
     }
 
-    fn varint(&mut self) -> Result<u64, SpmError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, SpmError> {
         let start = self.offset();
         let mut value = 0u64;
         for i in 0..10 {
@@ -651,7 +651,7 @@ impl<'a> Reader<'a> {
         Err(self.err(start, WireError::VarintOverflow))
     }
 
-    fn tag(&mut self) -> Result<(u64, u8), SpmError> {
+    pub(crate) fn tag(&mut self) -> Result<(u64, u8), SpmError> {
         let start = self.offset();
         let tag = self.varint()?;
         let field = tag >> 3;
@@ -663,7 +663,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A length-delimited payload and its absolute offset.
-    fn len_delimited(&mut self) -> Result<(usize, &'a [u8]), SpmError> {
+    pub(crate) fn len_delimited(&mut self) -> Result<(usize, &'a [u8]), SpmError> {
         let start = self.offset();
         let len = self.varint()?;
         let left = self.left();
@@ -692,7 +692,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Skips the value of a field with wire type `wire` whose tag was at `at`.
-    fn skip(&mut self, wire: u8, at: usize) -> Result<(), SpmError> {
+    pub(crate) fn skip(&mut self, wire: u8, at: usize) -> Result<(), SpmError> {
         match wire {
             WIRE_VARINT => self.varint().map(drop),
             WIRE_FIXED64 => self.fixed::<8>().map(drop),

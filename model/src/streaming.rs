@@ -7,13 +7,18 @@
 //! slot whose `exec` flag is false does not advance and its outputs are left
 //! as they were.
 
+use crate::lm::prefill::Replay;
 use crate::lm::GenParams;
+use std::sync::Arc;
 
 /// Per-session parameters given when a slot is (re)assigned.
 #[derive(Debug, Clone, Default)]
 pub struct SessionParams {
     /// Decoding parameters (temperatures, top-k, seed, guidance, conditions).
     pub gen: GenParams,
+    /// The session's prompt (models with a prompt prefill; ignored by the
+    /// others).
+    pub prompt: Prompt,
 }
 
 /// Why a step failed for one slot (the others are unaffected).
@@ -21,12 +26,16 @@ pub struct SessionParams {
 pub enum SlotFault {
     /// The model produced non-finite values for this slot.
     NonFinite,
+    /// The model needs a prompt prefill before the slot can step (see
+    /// [`StreamingModel::begin_prompt`]); nothing was computed.
+    NoPrompt,
 }
 
 impl std::fmt::Display for SlotFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SlotFault::NonFinite => f.write_str("the model produced non-finite values"),
+            SlotFault::NoPrompt => f.write_str("the slot's prompt has not been run"),
         }
     }
 }
@@ -51,6 +60,68 @@ pub enum ModelError {
     /// The backend's device failed (every slot of the step is affected).
     #[error("device error: {0}")]
     Device(String),
+}
+
+/// A session's voice prompt, ready for the model.
+#[derive(Debug, Clone, Default)]
+pub enum VoiceInput {
+    /// No voice prompt.
+    #[default]
+    None,
+    /// 24 kHz audio already normalised and padded to whole frames (a WAV
+    /// voice, see [`crate::persona::wav::prepare_voice`]): the model encodes
+    /// it with the slot's Mimi.
+    Pcm(Arc<[f32]>),
+    /// A `.pt` voice's stored embeddings and token ring.
+    Replay(Arc<Replay>),
+}
+
+/// A session's prompt (models with a prompt prefill: PersonaPlex).
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    /// The voice.
+    pub voice: VoiceInput,
+    /// The role text's token ids (wrapped and tokenized as the model's
+    /// server does).
+    pub text_tokens: Vec<u32>,
+    /// What identifies this prompt for a cache of prefilled states (equal
+    /// keys must mean equal prompts); `None`: never cached.
+    pub cache_key: Option<String>,
+}
+
+/// Where a slot's prompt stands after [`StreamingModel::prompt_chunk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptProgress {
+    /// More work remains: about this many frames (Mimi encodes and
+    /// transformer positions).
+    Pending {
+        /// Frames of work left.
+        frames_left: usize,
+    },
+    /// The prefill is done: the slot steps like the official session after
+    /// its prompt (Mimi reset, the handshake may be sent).
+    Done,
+}
+
+/// A copy of one slot's state after its prompt, from which other slots
+/// start (see [`StreamingModel::snapshot_slot`]). Cheap to clone; the
+/// backend that made it reads it back.
+#[derive(Clone)]
+pub struct SlotSnapshot {
+    /// The backend's own state.
+    pub state: Arc<dyn std::any::Any + Send + Sync>,
+    /// Bytes it holds (for the cache's accounting).
+    pub bytes: usize,
+}
+
+impl std::fmt::Debug for SlotSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlotSnapshot({} bytes)", self.bytes)
+    }
+}
+
+fn no_prompts() -> ModelError {
+    ModelError::Params("this model takes no prompts".into())
 }
 
 /// Inputs and outputs of one step for every slot, allocated once.
@@ -162,4 +233,56 @@ pub trait StreamingModel: Send {
 
     /// Steps every slot whose `exec` flag is set. Must not allocate.
     fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError>;
+
+    /// Moves `slot` (just reset) to where a conversation older than the
+    /// model's context is — every later step attending over the whole
+    /// window — without running the steps in between, so that timing it
+    /// prices the worst case (the engine's warm-up, which admission reads).
+    /// The slot's outputs are meaningless until it is reset again. `false`,
+    /// and nothing done, where the backend cannot (its warm-up then times
+    /// fresh streams).
+    fn fill_context_for_timing(&mut self, _slot: usize) -> bool {
+        false
+    }
+
+    /// Whether every session of this model starts with a prompt prefill
+    /// (PersonaPlex). Its slots step only after [`Self::prompt_chunk`]
+    /// returned [`PromptProgress::Done`] or [`Self::restore_slot`].
+    fn takes_prompts(&self) -> bool {
+        false
+    }
+
+    /// Starts `slot`'s prompt (after [`Self::reset_slot`]); the work is
+    /// done by [`Self::prompt_chunk`]. A prompt the model cannot use is
+    /// refused here, the slot left as the reset made it.
+    fn begin_prompt(&mut self, slot: usize, prompt: &Prompt) -> Result<(), ModelError> {
+        let _ = (slot, prompt);
+        Err(no_prompts())
+    }
+
+    /// Does at most `max_frames` frames of `slot`'s prompt work (Mimi
+    /// encodes of a WAV voice, then transformer positions), so that a tick
+    /// of other streams is never held up by a whole prompt.
+    fn prompt_chunk(
+        &mut self,
+        slot: usize,
+        max_frames: usize,
+    ) -> Result<PromptProgress, ModelError> {
+        let _ = (slot, max_frames);
+        Err(no_prompts())
+    }
+
+    /// A copy of `slot`'s state after its prompt is done.
+    fn snapshot_slot(&mut self, slot: usize) -> Result<SlotSnapshot, ModelError> {
+        let _ = slot;
+        Err(no_prompts())
+    }
+
+    /// Gives `slot` (reset with its session's parameters) the state of
+    /// `snap`: it then steps exactly like the slot the snapshot was taken
+    /// from after its prompt.
+    fn restore_slot(&mut self, slot: usize, snap: &SlotSnapshot) -> Result<(), ModelError> {
+        let _ = (slot, snap);
+        Err(no_prompts())
+    }
 }

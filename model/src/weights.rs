@@ -90,6 +90,14 @@ pub enum CheckpointError {
         /// What the allocator refused.
         source: crate::alloc::AllocError,
     },
+    /// A LoRA adapter that cannot be merged exactly.
+    #[error("{path}: LoRA adapter refused: {why}")]
+    Lora {
+        /// The adapter file.
+        path: PathBuf,
+        /// What is wrong, naming the tensor.
+        why: String,
+    },
     /// A stacked attention tensor that cannot be split evenly.
     #[error("{path}: stacked tensor `{name}` of shape {shape:?} cannot be split into per-step projections")]
     BadStack {
@@ -556,11 +564,22 @@ impl RawTensor<'_> {
     }
 }
 
-/// Tensors of one checkpoint handed out by name, each once.
+/// The bytes of float32 values (little-endian hosts only, as every target).
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
+    // slice covers exactly the values' memory and borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// Tensors of one checkpoint handed out by name, each once, with a LoRA
+/// adapter merged into the tensors it adapts (see [`crate::lora`]).
 pub struct Weights {
     ckpt: Checkpoint,
     /// Names and shapes handed out.
     taken: Vec<(String, Vec<usize>)>,
+    lora: Option<crate::lora::LoraAdapter>,
+    /// The last adapted tensor [`Weights::take_raw`] handed out.
+    merged: Vec<f32>,
 }
 
 impl Weights {
@@ -569,7 +588,19 @@ impl Weights {
         Ok(Weights {
             ckpt: Checkpoint::open(path)?,
             taken: Vec::new(),
+            lora: None,
+            merged: Vec::new(),
         })
+    }
+
+    /// Opens a checkpoint whose tensors are read with `lora` merged in.
+    pub fn open_with_lora(
+        path: &Path,
+        lora: crate::lora::LoraAdapter,
+    ) -> Result<Self, CheckpointError> {
+        let mut w = Self::open(path)?;
+        w.lora = Some(lora);
+        Ok(w)
     }
 
     /// The underlying file.
@@ -587,7 +618,10 @@ impl Weights {
 
     /// Takes a tensor of the given shape, as float32 in row-major order.
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
-        let v = self.ckpt.read_f32(name, shape)?;
+        let mut v = self.ckpt.read_f32(name, shape)?;
+        if let Some(l) = &self.lora {
+            l.apply(name, shape, &mut v)?;
+        }
         self.taken.push((name.to_string(), shape.to_vec()));
         Ok(v)
     }
@@ -600,8 +634,24 @@ impl Weights {
         shape: &[usize],
     ) -> Result<RawTensor<'_>, CheckpointError> {
         self.ckpt.entry(name, shape)?;
+        if self.lora.as_ref().is_some_and(|l| l.touches(name)) {
+            self.merged = self.take(name, shape)?;
+            return Ok(RawTensor {
+                dtype: RawDtype::F32,
+                bytes: f32_bytes(&self.merged),
+            });
+        }
         self.taken.push((name.to_string(), shape.to_vec()));
         self.ckpt.raw(name, shape)
+    }
+
+    /// Marks a tensor the model never uses as accounted for, after checking
+    /// that it exists with that shape (its values are not read). For the
+    /// depformer steps PersonaPlex stores but never computes.
+    pub fn skip(&mut self, name: &str, shape: &[usize]) -> Result<(), CheckpointError> {
+        self.ckpt.entry(name, shape)?;
+        self.taken.push((name.to_string(), shape.to_vec()));
+        Ok(())
     }
 
     /// Ends loading: every tensor in the file must have been taken.

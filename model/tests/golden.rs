@@ -16,3 +16,7 @@ mod fixtures;
 mod lm;
 #[path = "golden/mimi.rs"]
 mod mimi;
+#[path = "golden/persona.rs"]
+mod persona;
+#[path = "golden/text_rules.rs"]
+mod text_rules;

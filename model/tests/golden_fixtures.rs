@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 /// Fixture folders outside `../shared/golden` that every golden target runs
 /// too: `../shared/golden-next` holds fixtures of features an issue adds,
 /// and these are the ones this code implements.
-pub const GOLDEN_NEXT: &[&str] = &["hibiki-zero-tiny"];
+pub const GOLDEN_NEXT: &[&str] = &["hibiki-zero-tiny", "moshi-lora-tiny"];
 
 /// Every folder of `../shared/golden` holding `marker`, the [`GOLDEN_NEXT`]
 /// folders of `../shared/golden-next`, and the folders named in
@@ -87,4 +87,39 @@ pub fn tensor_i64(st: &SafeTensors, name: &str) -> (Vec<i64>, Vec<usize>) {
         .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
         .collect();
     (v, t.shape().to_vec())
+}
+
+/// `‖got − want‖ / ‖want‖` (`‖got − want‖` when `want` is all zeros).
+pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// PersonaPlex fixture folders: `../shared/golden-next/personaplex-tiny`
+/// and the folders of `MOSHID_GOLDEN_PERSONA` (colon-separated; other
+/// seeds and `--shape alt` of the same generator).
+pub fn persona_dirs() -> Vec<PathBuf> {
+    let shared = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared"));
+    let mut dirs = vec![shared.join("golden-next/personaplex-tiny")];
+    if let Ok(v) = std::env::var("MOSHID_GOLDEN_PERSONA") {
+        dirs.extend(v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
+    }
+    for d in &dirs {
+        assert!(
+            d.join("prompts.json").is_file(),
+            "{} is not a PersonaPlex fixture (no prompts.json)",
+            d.display()
+        );
+    }
+    dirs
 }

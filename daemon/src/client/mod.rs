@@ -11,7 +11,6 @@
 //! Only plain `ws://` is supported (no TLS). Nothing here is on the daemon's
 //! serving path: this module may allocate and block freely.
 
-pub mod protocol;
 pub mod run;
 pub mod session;
 pub mod wav;

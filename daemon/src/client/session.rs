@@ -47,11 +47,11 @@ use tungstenite::handshake::HandshakeError;
 use tungstenite::http::Uri;
 use tungstenite::{Message, WebSocket};
 
-use super::protocol::{split_message, MessageKind};
 use super::ClientError;
 use crate::codec::{
     CodecError, DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, FRAME_SAMPLES,
 };
+use crate::protocol::{split_message, MessageKind};
 
 /// Path of the chat endpoint, used when a URL has none.
 pub const DEFAULT_CHAT_PATH: &str = "/api/chat";

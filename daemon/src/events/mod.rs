@@ -28,15 +28,17 @@
 //!
 //! [`SessionRecord`]: crate::session::record::SessionRecord
 
-pub mod config;
 pub mod event;
 pub mod hub;
-pub mod metrics;
 pub mod relay;
 pub mod ring;
-pub mod sse;
 pub mod webhook;
 
-pub use config::EventsConfig;
+pub use crate::config::events::EventsConfig;
 pub use event::{Event, SessionState};
+
+/// Where sessions are listed and their events served
+/// (`GET /v1/sessions/{id}/events`, [`crate::api::events`]); session
+/// descriptions link to it.
+pub const SESSIONS_PATH: &str = "/v1/sessions";
 pub use hub::{Channel, EventHub, EventSink, SubscribeError, Subscription};

@@ -1,12 +1,11 @@
 //! The I/O cores' side of the data path: per-core context, session
 //! mailboxes, and the loop that routes the engine's records.
 
+pub mod accept;
 pub mod accept_pace;
-pub mod app;
 pub mod conn;
 pub mod core;
 pub mod fd_limit;
-pub mod listener;
 pub mod log_gate;
 pub mod mailbox;
 pub mod pending;

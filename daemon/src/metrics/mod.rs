@@ -3,9 +3,10 @@
 //! * [`histogram`]: fixed log-spaced buckets made of single-writer counters.
 //! * [`stages`]: one thread's stage timings and counts ([`StageCounters`])
 //!   and its only writer ([`StageRecorder`]).
-//! * [`export`]: `GET /metrics` — reads every thread's counters, folds them
-//!   into the `metrics` facade (counters, gauges) and renders Prometheus text
-//!   (histograms are written directly, exactly as counted).
+//! * [`exporter`]: the `metrics` facade's Prometheus recorder and the
+//!   description of every series; `GET /metrics` itself (folding every
+//!   thread's counters into it and rendering the text) is
+//!   `crate::api::metrics`.
 //! * [`heap`]: the heap (in use, free, arenas; trims), always on.
 //! * [`connections`] and [`sip`]: every core's listeners, pending budget
 //!   and SIP endpoint, always on.
@@ -32,7 +33,7 @@
 //!   sample even if the switch is on when it is stepped.
 
 pub mod connections;
-pub mod export;
+pub mod exporter;
 pub mod heap;
 pub mod histogram;
 pub mod sip;
@@ -50,7 +51,7 @@ pub struct Registry {
     threads: Mutex<Vec<Arc<StageCounters>>>,
     /// Always-on connection counters of every core (see [`connections`]).
     connections: Mutex<ConnectionCounters>,
-    exporter: OnceLock<export::Exporter>,
+    exporter: OnceLock<exporter::Exporter>,
 }
 
 /// Every core's listener and pending-budget counters.
@@ -151,8 +152,8 @@ impl Registry {
     }
 
     /// This registry's Prometheus exporter (made on first use).
-    pub fn exporter(&self) -> &export::Exporter {
-        self.exporter.get_or_init(export::Exporter::new)
+    pub fn exporter(&self) -> &exporter::Exporter {
+        self.exporter.get_or_init(exporter::Exporter::new)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<StageCounters>>> {

@@ -28,8 +28,10 @@
 pub mod cuda;
 mod describe;
 pub mod emu;
+mod phase;
 
 pub use describe::{describe_args, describe_gemm};
+pub use phase::{EventId, Phase, StackPhases};
 
 /// A device address: a `CUdeviceptr` on CUDA, a host address on the emulator.
 /// 0 is the null pointer that kernels take for "absent".
@@ -377,6 +379,48 @@ pub trait Device: Send {
 
     /// Runs a captured graph (stream-ordered).
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()>;
+
+    /// Marks the section of the step that calls issued from now on belong
+    /// to, for the profiler (`crate::profile::Profiled`); changes nothing
+    /// that runs. Devices ignore it.
+    fn phase(&mut self, _phase: Phase) {}
+
+    /// Creates a timing event (not while capturing). Devices that cannot
+    /// time refuse (the default).
+    fn event_create(&mut self) -> DeviceResult<EventId> {
+        Err(no_events())
+    }
+
+    /// Records `event` in stream order; while capturing, it becomes a node
+    /// of the graph that records it at every replay.
+    fn event_record(&mut self, _event: EventId) -> DeviceResult<()> {
+        Err(no_events())
+    }
+
+    /// Milliseconds from `start` to `end`, both recorded and complete (read
+    /// after `synchronize`).
+    fn event_elapsed_ms(&mut self, _start: EventId, _end: EventId) -> DeviceResult<f32> {
+        Err(no_events())
+    }
+
+    /// Nodes of a captured graph as the device built it (CUDA: every node
+    /// of the captured graph, cuBLAS's own kernels included), when known.
+    fn graph_nodes(&self, _graph: GraphId) -> Option<usize> {
+        None
+    }
+
+    /// Multiprocessors (CUDA's SMs) that blocks spread over: launch shapes
+    /// are sized by it (the attention's splits). One where unknown.
+    fn multiprocessors(&self) -> usize {
+        1
+    }
+}
+
+fn no_events() -> DeviceError {
+    DeviceError::Call {
+        call: "events",
+        why: "this device has no timing events".into(),
+    }
 }
 
 /// A boxed device is a device: tests and tools pick the device at run time
@@ -450,6 +494,24 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()> {
         (**self).launch_graph(graph)
+    }
+    fn phase(&mut self, phase: Phase) {
+        (**self).phase(phase)
+    }
+    fn event_create(&mut self) -> DeviceResult<EventId> {
+        (**self).event_create()
+    }
+    fn event_record(&mut self, event: EventId) -> DeviceResult<()> {
+        (**self).event_record(event)
+    }
+    fn event_elapsed_ms(&mut self, start: EventId, end: EventId) -> DeviceResult<f32> {
+        (**self).event_elapsed_ms(start, end)
+    }
+    fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
+        (**self).graph_nodes(graph)
+    }
+    fn multiprocessors(&self) -> usize {
+        (**self).multiprocessors()
     }
 }
 

@@ -12,9 +12,10 @@
 //!   transfer layout.
 
 mod error;
-mod io;
+pub(crate) mod io;
 pub mod lm;
 pub mod mimi;
+mod prompt;
 pub mod staging;
 mod streaming;
 pub mod tensor;

@@ -47,14 +47,14 @@ struct BucketPlan {
 
 /// Mimi + LM on a device for `max_slots` streams.
 pub struct GpuModel<D: Device> {
-    dev: D,
-    lm: GpuLm,
-    mimi: GpuMimi,
-    k: LmKernels,
+    pub(super) dev: D,
+    pub(super) lm: GpuLm,
+    pub(super) mimi: GpuMimi,
+    pub(super) k: LmKernels,
     opts: GpuOptions,
-    max_slots: usize,
-    frame_samples: usize,
-    nq: usize,
+    pub(super) max_slots: usize,
+    pub(super) frame_samples: usize,
+    pub(super) nq: usize,
     dep_q: usize,
     max_delay: usize,
     card: u32,
@@ -66,14 +66,16 @@ pub struct GpuModel<D: Device> {
     dev_in: DevPtr,
     dev_out: DevPtr,
     user_codes: DevPtr,
-    offset: Vec<usize>,
-    cfg_on: Vec<bool>,
+    pub(super) offset: Vec<usize>,
+    pub(super) cfg_on: Vec<bool>,
     cfg_coef: Vec<f32>,
-    first_frame: Vec<bool>,
+    pub(super) first_frame: Vec<bool>,
     /// Slot-step index of each slot in the last step, or usize::MAX.
-    last_step: Vec<usize>,
+    pub(super) last_step: Vec<usize>,
     /// Active slots of the current step, in slot order.
     active: Vec<usize>,
+    /// Prompt prefills (PersonaPlex; see prompt.rs).
+    pub(super) prompts: super::prompt::GpuPrompts,
 }
 
 fn check_shapes(lm: &LmConfig, nq: usize) -> Result<(), GpuError> {
@@ -101,7 +103,7 @@ impl<D: Device> GpuModel<D> {
         let mut mw = Weights::open(&dir.mimi_weights)?;
         let mimi = GpuMimi::load(&mut dev, &dir.mimi, &mut mw, nq, ms, ms)?;
         mw.finish()?;
-        let mut lw = Weights::open(&dir.lm_weights)?;
+        let mut lw = dir.open_lm_weights()?;
         let conditioning = Conditioning::load(&dir.lm, &mut lw)?;
         let lm = {
             let mut loader = WeightLoader::checkpoint(&mut lw);
@@ -211,6 +213,7 @@ impl<D: Device> GpuModel<D> {
             first_frame: vec![true; ms],
             last_step: vec![usize::MAX; ms],
             active: Vec::with_capacity(ms),
+            prompts: super::prompt::GpuPrompts::new(&mut dev, &cfg, fs, nq, ms)?,
             dev,
         };
         for s in 0..ms {
@@ -223,6 +226,29 @@ impl<D: Device> GpuModel<D> {
     /// The device.
     pub fn device(&self) -> &D {
         &self.dev
+    }
+
+    /// The device, mutably: for tools that wrap it (the profiler's mode and
+    /// collection). Work issued on it directly is not part of any step.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    /// Drops every bucket's captured graph, so that the next step of each
+    /// captures anew (the profiler captures its events with the graph).
+    /// The old graphs stay allocated on the device until it is dropped.
+    pub fn forget_graphs(&mut self) {
+        for p in &mut self.plans {
+            p.graph = None;
+        }
+    }
+
+    /// Nodes of the captured graph of the bucket that serves `n` active
+    /// slots, when captured and the device counts them.
+    pub fn graph_nodes(&self, n: usize) -> Option<usize> {
+        let b = bucket_for(&self.buckets, n)?;
+        let p = self.buckets.iter().position(|&x| x == b)?;
+        self.dev.graph_nodes(self.plans[p].graph?)
     }
 
     /// The options it was built with.
@@ -344,6 +370,7 @@ impl<D: Device> GpuModel<D> {
             self.user_codes,
             self.nq,
         )?;
+        dev.phase(crate::device::Phase::LmSmall);
         self.k.embed.fill_flagged(
             dev,
             self.user_codes,
@@ -358,7 +385,9 @@ impl<D: Device> GpuModel<D> {
         let pcm_out = self.dev_out + l.pcm_out as u64;
         self.mimi
             .decode(dev, b, at(l.dec_steps), codes, 1 + self.dep_q, pcm_out)?;
-        dev.copy_to_host(&self.host_out, 0, self.dev_out, l.out_bytes)
+        dev.copy_to_host(&self.host_out, 0, self.dev_out, l.out_bytes)?;
+        dev.phase(crate::device::Phase::Other);
+        Ok(())
     }
 
     /// Runs bucket plan `p`: directly when graphs are off; with graphs, the
@@ -408,6 +437,11 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         self.max_slots
     }
 
+    fn fill_context_for_timing(&mut self, slot: usize) -> bool {
+        let context = self.lm.config().context;
+        self.fast_forward_for_timing(slot, context).is_ok()
+    }
+
     fn frame_samples(&self) -> usize {
         self.frame_samples
     }
@@ -436,7 +470,43 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         self.offset[slot] = 0;
         self.first_frame[slot] = true;
         self.last_step[slot] = usize::MAX;
+        self.prompts.reset(slot);
         Ok(())
+    }
+
+    fn takes_prompts(&self) -> bool {
+        self.prompts.needed()
+    }
+
+    fn begin_prompt(
+        &mut self,
+        slot: usize,
+        prompt: &moshid_model::streaming::Prompt,
+    ) -> Result<(), ModelError> {
+        self.begin_prompt_impl(slot, prompt)
+    }
+
+    fn prompt_chunk(
+        &mut self,
+        slot: usize,
+        max_frames: usize,
+    ) -> Result<moshid_model::streaming::PromptProgress, ModelError> {
+        self.prompt_chunk_impl(slot, max_frames)
+    }
+
+    fn snapshot_slot(
+        &mut self,
+        slot: usize,
+    ) -> Result<moshid_model::streaming::SlotSnapshot, ModelError> {
+        self.snapshot_impl(slot)
+    }
+
+    fn restore_slot(
+        &mut self,
+        slot: usize,
+        snap: &moshid_model::streaming::SlotSnapshot,
+    ) -> Result<(), ModelError> {
+        self.restore_impl(slot, snap)
     }
 
     fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError> {
@@ -453,7 +523,9 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         for s in 0..self.max_slots {
             batch.fault[s] = None;
             batch.has_output[s] = false;
-            if batch.exec[s] {
+            if batch.exec[s] && !self.prompts.ready(s) {
+                batch.fault[s] = Some(SlotFault::NoPrompt);
+            } else if batch.exec[s] {
                 self.active.push(s);
             }
         }

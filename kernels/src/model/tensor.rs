@@ -165,6 +165,15 @@ impl<'a> WeightLoader<'a> {
         })
     }
 
+    /// Accounts for a checkpoint tensor the model never uses (checked, not
+    /// read; nothing for random weights).
+    pub fn skip(&mut self, name: &str, shape: &[usize]) -> Result<(), GpuError> {
+        if let Source::Checkpoint { weights, .. } = &mut self.source {
+            weights.skip(name, shape)?;
+        }
+        Ok(())
+    }
+
     /// The weight `name` of `shape` written at `dst` (already allocated,
     /// e.g. one table of a stacked set), in `dtype`.
     pub fn tensor_at<D: Device + ?Sized>(

@@ -31,6 +31,9 @@ pub struct TokenCacheShape {
     pub text_card: usize,
     /// Largest delay.
     pub max_delay: usize,
+    /// Entries later than the step's own that user codes are written (1 for
+    /// PersonaPlex, whose `forced` flags are then kept).
+    pub lag: usize,
 }
 
 /// Device state the token-cache kernels use.
@@ -42,6 +45,8 @@ pub struct TokenCache {
     pub offset: DevPtr,
     /// `[K]` i32 delays.
     pub delays: DevPtr,
+    /// `[max_slots][K][ring]` i32 forced flags, or NULL (no lag).
+    pub forced: DevPtr,
 }
 
 /// The embedding kernels of one device.
@@ -49,6 +54,7 @@ pub struct TokenCache {
 pub struct EmbedKernels {
     cache_in: KernelId,
     cache_out: KernelId,
+    force: KernelId,
     sum_bf16: KernelId,
     sum_f32: KernelId,
     add_rows_bf16: KernelId,
@@ -68,6 +74,7 @@ impl EmbedKernels {
         Ok(EmbedKernels {
             cache_in: dev.kernel("token_cache_in")?,
             cache_out: dev.kernel("token_cache_out")?,
+            force: dev.kernel("force_tokens")?,
             sum_bf16: dev.kernel("embed_sum")?,
             sum_f32: dev.kernel("embed_sum_f32")?,
             add_rows_bf16: dev.kernel("embed_add_rows")?,
@@ -113,6 +120,8 @@ impl EmbedKernels {
                 Arg::I32(int(WHAT, sh.card)?),
                 Arg::I32(int(WHAT, sh.text_card)?),
                 Arg::Ptr(tokens),
+                Arg::I32(int(WHAT, sh.lag)?),
+                Arg::Ptr(tc.forced),
             ],
         )
     }
@@ -159,6 +168,44 @@ impl EmbedKernels {
                 Arg::I32(int(WHAT, sh.max_delay)?),
                 Arg::Ptr(out),
                 Arg::Ptr(ready),
+                Arg::Ptr(tc.forced),
+            ],
+        )
+    }
+
+    /// Replaces `tok[s · stride]` by codebook row `k`'s forced target where
+    /// it is forced (PersonaPlex; nothing to do without forced flags).
+    #[allow(clippy::too_many_arguments)]
+    pub fn force<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        tc: &TokenCache,
+        sh: &TokenCacheShape,
+        steps: DevPtr,
+        n_steps: usize,
+        k: usize,
+        tok: DevPtr,
+        stride: usize,
+    ) -> DeviceResult<()> {
+        const WHAT: &str = "force_tokens";
+        if tc.forced == NULL {
+            return Ok(());
+        }
+        dev.launch(
+            self.force,
+            tok_grid(WHAT, n_steps)?,
+            TOK_THREADS,
+            &[
+                Arg::Ptr(steps),
+                Arg::I32(int(WHAT, n_steps)?),
+                Arg::Ptr(tc.cache),
+                Arg::Ptr(tc.forced),
+                Arg::Ptr(tc.offset),
+                Arg::I32(int(WHAT, sh.codebooks)?),
+                Arg::I32(int(WHAT, sh.ring)?),
+                Arg::I32(int(WHAT, k)?),
+                Arg::Ptr(tok),
+                Arg::I32(int(WHAT, stride)?),
             ],
         )
     }

@@ -19,6 +19,7 @@ pub mod norm;
 pub mod rvq;
 pub mod sampling;
 pub mod short_attn;
+pub mod text_rules;
 pub mod types;
 
 use crate::device::{DeviceError, DeviceResult};
@@ -102,6 +103,15 @@ mod tests {
         assert_eq!(
             define(att, "ATT_MAX_HEAD_DIM"),
             super::attention::ATT_MAX_HEAD_DIM as u64
+        );
+        assert_eq!(define(att, "ATT_VEC"), super::attention::ATT_VEC as u64);
+        assert_eq!(
+            define(att, "ATT_HEADS_PER_BLOCK"),
+            super::attention::ATT_HEADS_PER_BLOCK as u64
+        );
+        assert_eq!(
+            define(att, "ATT_MAX_SPLITS"),
+            super::attention::ATT_MAX_SPLITS as u64
         );
         let conv = include_str!("../../cuda/conv.cu");
         let rvq = include_str!("../../cuda/quantizer.cu");

@@ -92,11 +92,20 @@ pub fn params(dir: &CheckpointDir) -> SessionParams {
     if dir.lm.has_conditioners() {
         gen = gen.with_hibiki_conditions(3.0);
     }
-    SessionParams { gen }
+    SessionParams {
+        gen,
+        ..SessionParams::default()
+    }
 }
 
 /// Runs the schedule on both models and measures their agreement.
 pub fn compare<D: Device>(dir: &Path, gpu: &mut GpuModel<D>) -> Agreement {
+    let d = CheckpointDir::open(dir).unwrap();
+    compare_with(dir, gpu, &params(&d))
+}
+
+/// [`compare`] with the given session parameters in every slot.
+pub fn compare_with<D: Device>(dir: &Path, gpu: &mut GpuModel<D>, p: &SessionParams) -> Agreement {
     let d = CheckpointDir::open(dir).unwrap();
     let mut cpu = CpuModel::load(&d, SLOTS).unwrap();
     assert_eq!(
@@ -108,10 +117,9 @@ pub fn compare<D: Device>(dir: &Path, gpu: &mut GpuModel<D>) -> Agreement {
     assert_eq!(streams, 3);
     let fs = cpu.frame_samples();
     let frames = samples / fs;
-    let p = params(&d);
     for &s in &PLACES {
-        cpu.reset_slot(s, &p).unwrap();
-        gpu.reset_slot(s, &p).unwrap();
+        cpu.reset_slot(s, p).unwrap();
+        gpu.reset_slot(s, p).unwrap();
     }
     let hibiki = d.lm.has_conditioners();
     let tc = d.lm.text_card;
@@ -128,8 +136,8 @@ pub fn compare<D: Device>(dir: &Path, gpu: &mut GpuModel<D>) -> Agreement {
     for step in 0..frames + 1 {
         if step == reuse_at {
             // Slot 2 starts a new stream: fixture stream 0 from its start.
-            cpu.reset_slot(PLACES[2], &p).unwrap();
-            gpu.reset_slot(PLACES[2], &p).unwrap();
+            cpu.reset_slot(PLACES[2], p).unwrap();
+            gpu.reset_slot(PLACES[2], p).unwrap();
             next[2] = 0;
             source[2] = 0;
         }

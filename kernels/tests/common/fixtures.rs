@@ -9,7 +9,7 @@ mod dirs;
 /// The fixture folders (`../shared/golden`, the implemented
 /// `../shared/golden-next` ones and `MOSHID_GOLDEN`'s), as the model
 /// crate's golden tests find them.
-pub use dirs::{fixture_dirs, tensor_f32, tensor_i64};
+pub use dirs::{fixture_dirs, persona_dirs, rel_err, tensor_f32, tensor_i64};
 
 /// `pcm_in` of a fixture: `(streams, samples per stream, samples)`.
 pub fn input_pcm(dir: &Path) -> (usize, usize, Vec<f32>) {
@@ -17,18 +17,4 @@ pub fn input_pcm(dir: &Path) -> (usize, usize, Vec<f32>) {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (pcm, shape) = tensor_f32(&st, "pcm_in");
     (shape[0], shape[2], pcm)
-}
-
-/// ‖a − b‖ / ‖b‖ (0 when both are zero).
-pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += ((x - y) as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
 }

@@ -11,7 +11,6 @@ use moshid_kernels::ops::attention::KvType;
 use moshid_kernels::ops::types::{RowInfo, SlotStep};
 use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::lm::{Conditioning, GenParams};
-use moshid_model::weights::Weights;
 
 /// The GPU LM with its own step buffers.
 pub struct LmDriver<D: Device> {
@@ -46,7 +45,7 @@ impl<D: Device> LmDriver<D> {
         max_slots: usize,
     ) -> Self {
         let cfg = &dir.lm;
-        let mut w = Weights::open(&dir.lm_weights).unwrap();
+        let mut w = dir.open_lm_weights().unwrap();
         let conditioning = Conditioning::load(cfg, &mut w).unwrap();
         let lm = {
             let mut loader = WeightLoader::checkpoint(&mut w);

@@ -4,6 +4,16 @@
 //! stream 2's tokens (slots not reset keep the undisturbed run's tokens; the
 //! official batch-wide `None` after a reset is not reproduced, as in the CPU
 //! backend: see `moshid_model::lm`).
+//!
+//! Against the model's own first run too, which separates what a reset
+//! leaves behind from precision: the reused slot must reproduce the tokens
+//! this model gave stream 2 (`reuse_self_mismatches`; the batch is the same
+//! three rows, so nothing but leftover state can change them), and stream 2
+//! stepped alone (a batch of one row: other GEMM shapes, so on a GPU other
+//! cuBLAS algorithms and attention splits) against the same run
+//! (`alone_mismatches`: what a stream's result owes to its batch's
+//! composition). The fixture comparison alone cannot tell them apart in
+//! bf16, where the tokens drift from the f32 fixture with or without reuse.
 
 use super::fixtures::{rel_err, tensor_f32, tensor_i64};
 use super::lm_driver::LmDriver;
@@ -26,8 +36,12 @@ pub struct LmAgreement {
     pub agree: usize,
     /// Largest relative error of one stream's text logits over the run.
     pub logits_rel: f64,
-    /// Slot-reuse entries that disagree.
+    /// Slot-reuse entries that disagree with the fixture.
     pub reuse_mismatches: usize,
+    /// Slot-reuse entries that disagree with this model's own first run.
+    pub reuse_self_mismatches: usize,
+    /// Entries of stream 2 stepped alone that disagree with its first run.
+    pub alone_mismatches: usize,
 }
 
 impl LmAgreement {
@@ -42,12 +56,15 @@ impl std::fmt::Display for LmAgreement {
         write!(
             f,
             "tokens {}/{} ({:.1}%) agree with lm_tokens_out, text logits rel. error {:.2e}, \
-             slot reuse {} mismatches",
+             slot reuse {} mismatches ({} against this model's own first run), \
+             stream 2 alone {} mismatches against its run in the batch",
             self.agree,
             self.entries,
             100.0 * self.rate(),
             self.logits_rel,
-            self.reuse_mismatches
+            self.reuse_mismatches,
+            self.reuse_self_mismatches,
+            self.alone_mismatches
         )
     }
 }
@@ -93,6 +110,7 @@ pub fn run<D: Device>(
         lm.reset(s, &p);
     }
     let mut got_logits = vec![0.0f32; STREAMS * t_max * tc];
+    let mut own = vec![-1i64; STREAMS * t_max * w];
     let mut c = vec![0u32; STREAMS * nu];
     for t in 0..t_max {
         for s in 0..STREAMS {
@@ -105,6 +123,7 @@ pub fn run<D: Device>(
                 let have = o.tokens.as_ref().map_or(-1, |v| v[k] as i64);
                 a.entries += 1;
                 a.agree += (have == expected(&tokens, s, t, k)) as usize;
+                own[(s * w + k) * t_max + t] = have;
             }
             got_logits[(s * t_max + t) * tc..(s * t_max + t + 1) * tc].copy_from_slice(&o.logits);
         }
@@ -134,10 +153,26 @@ pub fn run<D: Device>(
             let o = o.as_ref().expect("every slot stepped");
             let batch_wide_none = s != 1 && t >= r && t < r + md;
             let want = if batch_wide_none { &tokens } else { &reuse };
+            let (os, ot) = if s == 1 && t >= r { (2, t - r) } else { (s, t) };
             for k in 0..w {
                 let have = o.tokens.as_ref().map_or(-1, |v| v[k] as i64);
                 a.reuse_mismatches += (have != expected(want, s, t, k)) as usize;
+                a.reuse_self_mismatches += (have != expected(&own, os, ot, k)) as usize;
             }
+        }
+    }
+
+    // Stream 2 alone (slots 0 and 1 masked: a batch of one row).
+    let mut lm = LmDriver::load(make(), &d, precision, kv, STREAMS);
+    lm.reset(2, &p);
+    let alone = [false, false, true];
+    for t in 0..t_max {
+        user(2, t, &mut c[2 * nu..3 * nu]);
+        let out = lm.step(&c, &alone);
+        let o = out[2].as_ref().expect("slot 2 stepped");
+        for k in 0..w {
+            let have = o.tokens.as_ref().map_or(-1, |v| v[k] as i64);
+            a.alone_mismatches += (have != expected(&own, 2, t, k)) as usize;
         }
     }
     a

@@ -2,7 +2,7 @@
 //! [`GpuModel`] with the CPU reference backend on the same inputs, through
 //! the engine's `StreamingModel` interface, on any device.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod compare;
 pub mod device;

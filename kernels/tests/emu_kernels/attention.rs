@@ -1,8 +1,58 @@
 //! RoPE with the ring KV cache and single-query attention against a naive host
 //! attention (f32, bf16 and fp8 caches, wrapped rings, masked rows, several
-//! steps per call), and the bf16/fp8 conversions against CUDA's rules.
+//! steps per call, the window split across blocks at every boundary), and the
+//! bf16/fp8 conversions against CUDA's rules.
 
 use super::*;
+use moshid_kernels::ops::attention::{attn_partial_floats, AttnKernels, AttnShape, KvType};
+
+/// Attention of `rows` rows through the ops layer (`attend_split`): `splits`
+/// splits, a partial buffer allocated for them; returns the output as f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    dev: &mut dyn Device,
+    kv: KvType,
+    f32_out: bool,
+    shape: &AttnShape,
+    (dq, kc, vc, dr): (DevPtr, DevPtr, DevPtr, DevPtr),
+    splits: usize,
+) -> Vec<f32> {
+    let kern = AttnKernels::resolve(&*dev).unwrap();
+    let (n, dim) = (shape.rows, shape.dim);
+    let out_type = if f32_out { DType::F32 } else { DType::Bf16 };
+    let out = dev.alloc(n * dim * out_type.bytes()).unwrap();
+    // Poisoned, so an element the kernels leave unwritten shows.
+    if f32_out {
+        write(dev, out, &vec![f32::NAN; n * dim]);
+    } else {
+        write(dev, out, &vec![0x7fc0u16; n * dim]);
+    }
+    let floats = attn_partial_floats(shape, splits);
+    let partial = if floats > 0 {
+        up(dev, &vec![f32::NAN; floats])
+    } else {
+        NULL
+    };
+    kern.attend_split(
+        dev,
+        kv,
+        out_type,
+        dq,
+        (kc, vc, dr),
+        shape,
+        (splits, partial),
+        out,
+    )
+    .unwrap();
+    if f32_out {
+        down::<f32>(dev, out, n * dim)
+    } else {
+        down::<u16>(dev, out, n * dim)
+            .into_iter()
+            .map(from_bf16)
+            .collect()
+    }
+}
 
 /// The cache element types under test.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,6 +63,14 @@ enum Cache {
 }
 
 impl Cache {
+    fn kv(self) -> KvType {
+        match self {
+            Cache::F32 => KvType::F32,
+            Cache::Bf16 => KvType::Bf16,
+            Cache::Fp8(scale) => KvType::Fp8 { scale },
+        }
+    }
+
     fn bytes(self) -> usize {
         match self {
             Cache::F32 => 4,
@@ -44,6 +102,8 @@ struct Ring {
     freqs: Option<(DevPtr, Vec<f32>)>,
     keys: Vec<Vec<Vec<f32>>>,
     vals: Vec<Vec<Vec<f32>>>,
+    /// Each step attends once per split count here, each checked.
+    splits: Vec<usize>,
 }
 
 impl Ring {
@@ -74,6 +134,7 @@ impl Ring {
             freqs,
             keys: vec![Vec::new(); rows],
             vals: vec![Vec::new(); rows],
+            splits: vec![1],
         }
     }
 
@@ -85,11 +146,10 @@ impl Ring {
         let dq = up(dev, qkv);
         let dr = up(dev, rows);
         let freqs = self.freqs.as_ref().map_or(NULL, |f| f.0);
-        let (rope, attn) = match (self.cache, f32_out) {
-            (Cache::F32, _) => ("rope_kv_write_f32", "attn_decode_f32"),
-            (Cache::Bf16, true) => ("rope_kv_write_bf16", "attn_decode_bf16_f32out"),
-            (Cache::Bf16, false) => ("rope_kv_write_bf16", "attn_decode_bf16"),
-            (Cache::Fp8(_), _) => ("rope_kv_write_fp8", "attn_decode_fp8"),
+        let rope = match self.cache {
+            Cache::F32 => "rope_kv_write_f32",
+            Cache::Bf16 => "rope_kv_write_bf16",
+            Cache::Fp8(_) => "rope_kv_write_fp8",
         };
         let mut args = vec![
             Arg::Ptr(dq),
@@ -108,40 +168,32 @@ impl Ring {
         }
         dev.launch(k(dev, rope), (n as u32, 1, 1), ROPE_THREADS, &args)
             .unwrap();
-        let out_bytes = if f32_out { 4 } else { 2 };
-        let out = dev.alloc(n * dim * out_bytes).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut args = vec![
-            Arg::Ptr(dq),
-            Arg::Ptr(self.kc),
-            Arg::Ptr(self.vc),
-            Arg::Ptr(dr),
-            Arg::I32(dim as i32),
-            Arg::I32(dim as i32), // kv_dim
-            Arg::I32(hd as i32),
-            Arg::I32(self.cap as i32),
-            Arg::I32(self.context as i32),
-            Arg::F32(scale),
-        ];
-        if let Cache::Fp8(s) = self.cache {
-            args.push(Arg::F32(s));
-        }
-        args.push(Arg::Ptr(out));
-        dev.launch(
-            k(dev, attn),
-            (self.heads as u32, n as u32, 1),
-            ATT_THREADS,
-            &args,
-        )
-        .unwrap();
-        let got: Vec<f32> = if f32_out {
-            down::<f32>(dev, out, n * dim)
-        } else {
-            down::<u16>(dev, out, n * dim)
-                .into_iter()
-                .map(from_bf16)
-                .collect()
+        let shape = AttnShape {
+            dim,
+            heads: self.heads,
+            kv_heads: self.heads,
+            rope_interleaved: true,
+            capacity: self.cap,
+            context: self.context,
+            rows: n,
         };
+        let outs: Vec<(usize, Vec<f32>)> = self
+            .splits
+            .clone()
+            .into_iter()
+            .map(|sp| {
+                let got = attend(
+                    dev,
+                    self.cache.kv(),
+                    f32_out,
+                    &shape,
+                    (dq, self.kc, self.vc, dr),
+                    sp,
+                );
+                (sp, got)
+            })
+            .collect();
         let got_qkv = down::<f32>(dev, dq, n * 3 * dim);
 
         // Host: RoPE on q and k, record the stored keys and values; the
@@ -176,6 +228,23 @@ impl Ring {
             want_qkv[r * 3 * dim..r * 3 * dim + dim].copy_from_slice(&row[..dim]);
         }
         assert_close(&got_qkv, &want_qkv, 1e-6, "rotated q");
+        for (splits, got) in &outs {
+            self.check(rows, &host, got, *splits, f32_out, scale);
+        }
+    }
+
+    /// Checks one attention output against the host's (`host`: the rotated
+    /// qkv rows).
+    fn check(
+        &self,
+        rows: &[RowInfo],
+        host: &[f32],
+        got: &[f32],
+        splits: usize,
+        f32_out: bool,
+        scale: f32,
+    ) {
+        let (dim, hd) = (self.dim, self.dim / self.heads);
         for (r, ri) in rows.iter().enumerate() {
             let o = &got[r * dim..(r + 1) * dim];
             if ri.active == 0 {
@@ -212,7 +281,7 @@ impl Ring {
                     };
                     assert!(
                         (g - want).abs() < tol,
-                        "{:?} row {r} pos {pos} head {h} elem {e}: {g} vs {want}",
+                        "{:?} {splits} splits, row {r} pos {pos} head {h} elem {e}: {g} vs {want}",
                         self.cache
                     );
                 }
@@ -248,6 +317,7 @@ fn attention_rows_slots_masks_and_bf16_output() {
     let (dim, heads, cap) = (512, 2, 7);
     let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::Bf16, dim, heads, cap, 3, true);
+    ring.splits = vec![1, 3];
     // Slot s uses cache row 2 − s; slot 1 is masked every third step and
     // slot 2 starts at step 2: a masked step does not advance its position.
     let mut pos = [0i32; 3];
@@ -284,6 +354,7 @@ fn attention_with_several_steps_per_call_and_no_rope() {
     let (dim, heads, cap) = (64, 4, 4);
     let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::F32, dim, heads, cap, 1, false);
+    ring.splits = vec![1, 2, 3];
     for call in 0..4 {
         let rows: Vec<RowInfo> = (0..3)
             .map(|i| RowInfo {
@@ -303,6 +374,7 @@ fn attention_with_an_fp8_cache() {
     let (dim, heads, cap) = (128, 1, 6);
     let mut dev = device();
     let mut ring = Ring::new(&mut dev, Cache::Fp8(0.125), dim, heads, cap, 1, true);
+    ring.splits = vec![1, 2, 5];
     for p in 0..8 {
         let row = RowInfo {
             kv: 0,
@@ -332,29 +404,60 @@ fn a_query_with_an_empty_window_gets_zeros_not_nan() {
         active: 1,
     };
     let rows = up(&mut dev, &[row]);
-    let out = up(&mut dev, &vec![f32::NAN; dim]);
-    let hd = dim / heads;
-    let args = [
-        Arg::Ptr(qkv),
-        Arg::Ptr(kc),
-        Arg::Ptr(vc),
-        Arg::Ptr(rows),
-        Arg::I32(dim as i32),
-        Arg::I32(dim as i32),
-        Arg::I32(hd as i32),
-        Arg::I32(cap as i32),
-        Arg::I32(cap as i32),
-        Arg::F32(1.0 / (hd as f32).sqrt()),
-        Arg::Ptr(out),
-    ];
-    dev.launch(
-        k(&dev, "attn_decode_f32"),
-        (heads as u32, 1, 1),
-        ATT_THREADS,
-        &args,
-    )
-    .unwrap();
-    assert_eq!(down::<f32>(&mut dev, out, dim), vec![0.0; dim]);
+    let shape = AttnShape {
+        dim,
+        heads,
+        kv_heads: heads,
+        rope_interleaved: true,
+        capacity: cap,
+        context: cap,
+        rows: 1,
+    };
+    for splits in [1, 3] {
+        let got = attend(
+            &mut dev,
+            KvType::F32,
+            true,
+            &shape,
+            (qkv, kc, vc, rows),
+            splits,
+        );
+        assert_eq!(got, vec![0.0; dim], "{splits} splits");
+    }
+}
+
+#[test]
+fn split_attention_matches_at_every_split_boundary() {
+    // One row stepping over a ring of 40 (wrapping at step 40), every
+    // window attended whole and cut into 2, 3, 7 and 32 splits (empty
+    // splits included, and runs that cross the blocks' rounds of keys);
+    // head widths of 128 (16 lanes a key in bf16), 24 (three chunks of
+    // eight on four lanes: one lane idles) and 8 (one lane a key).
+    for (cache, dim, heads) in [
+        (Cache::Bf16, 256, 2),
+        (Cache::F32, 48, 2),
+        (Cache::Fp8(0.5), 16, 2),
+    ] {
+        let mut dev = device();
+        let cap = 40;
+        let mut ring = Ring::new(&mut dev, cache, dim, heads, cap, 1, true);
+        ring.splits = vec![1, 2, 3, 7, 32];
+        for p in 0..47 {
+            let row = RowInfo {
+                kv: 0,
+                pos: p,
+                last: p,
+                step: 0,
+                active: 1,
+            };
+            ring.step(
+                &mut dev,
+                &[row],
+                &det(3 * dim, p as f32 * 1.7),
+                cache == Cache::F32,
+            );
+        }
+    }
 }
 
 #[test]

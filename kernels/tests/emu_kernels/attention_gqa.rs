@@ -3,9 +3,12 @@
 //! official `rope_concat`) in `rope_kv_write_*` / `attn_decode_*`, against a
 //! naive host attention built on the CPU reference's `ops`: the rotated
 //! queries, the cache contents (`kv_dim` values per position) and every
-//! head's output, over a wrapped ring with two cache rows.
+//! head's output, over a wrapped ring with two cache rows, whole and split
+//! across blocks.
 
+use super::attention::attend;
 use super::*;
+use moshid_kernels::ops::attention::{AttnShape, KvType};
 
 /// One case: query heads, key/value heads, RoPE layout, f32 or bf16 cache.
 struct Case {
@@ -28,10 +31,15 @@ fn run(c: &Case) {
     let dfreqs = up(&mut dev, &freqs);
     let kc = dev.alloc(kv_rows * cap * kv_dim * elem).unwrap();
     let vc = dev.alloc(kv_rows * cap * kv_dim * elem).unwrap();
-    let (rope, attn) = if c.bf16_cache {
-        ("rope_kv_write_bf16", "attn_decode_bf16_f32out")
+    let rope = if c.bf16_cache {
+        "rope_kv_write_bf16"
     } else {
-        ("rope_kv_write_f32", "attn_decode_f32")
+        "rope_kv_write_f32"
+    };
+    let kvt = if c.bf16_cache {
+        KvType::Bf16
+    } else {
+        KvType::F32
     };
     // Host record of the stored keys and values: [cache row][position].
     let mut keys = vec![Vec::<Vec<f32>>::new(); kv_rows];
@@ -81,34 +89,36 @@ fn run(c: &Case) {
             ],
         )
         .unwrap();
-        let out = dev.alloc(n * dim * 4).unwrap();
         let scale = 1.0 / (head_dim as f32).sqrt();
-        dev.launch(
-            k(&dev, attn),
-            (c.heads as u32, n as u32, 1),
-            ATT_THREADS,
-            &[
-                Arg::Ptr(dq),
-                Arg::Ptr(kc),
-                Arg::Ptr(vc),
-                Arg::Ptr(dr),
-                Arg::I32(dim as i32),
-                Arg::I32(kv_dim as i32),
-                Arg::I32(head_dim as i32),
-                Arg::I32(cap as i32),
-                Arg::I32(cap as i32),
-                Arg::F32(scale),
-                Arg::Ptr(out),
-            ],
-        )
-        .unwrap();
+        let shape = AttnShape {
+            dim,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            rope_interleaved: c.interleaved,
+            capacity: cap,
+            context: cap,
+            rows: n,
+        };
+        let outs: Vec<(usize, Vec<f32>)> = [1, 2, 5]
+            .into_iter()
+            .map(|sp| {
+                (
+                    sp,
+                    attend(&mut dev, kvt, true, &shape, (dq, kc, vc, dr), sp),
+                )
+            })
+            .collect();
         let got_q = down::<f32>(&mut dev, dq, n * qkv_dim);
-        let got = down::<f32>(&mut dev, out, n * dim);
         for (r, ri) in rows.iter().enumerate() {
             let row = &qkv[r * qkv_dim..(r + 1) * qkv_dim];
-            let o = &got[r * dim..(r + 1) * dim];
             if ri.active == 0 {
-                assert!(o.iter().all(|&v| v == 0.0), "masked row {r} is not zero");
+                for (sp, got) in &outs {
+                    let o = &got[r * dim..(r + 1) * dim];
+                    assert!(
+                        o.iter().all(|&v| v == 0.0),
+                        "{sp} splits: masked row {r} is not zero"
+                    );
+                }
                 continue;
             }
             let pos = ri.pos as usize;
@@ -150,16 +160,18 @@ fn run(c: &Case) {
                         .zip(&sc)
                         .map(|(j, w)| w * vals[kv][j][kh * head_dim + e])
                         .sum();
-                    let g = o[h * head_dim + e];
-                    assert!(
-                        (g - want).abs() < 1e-5 * want.abs().max(1.0),
-                        "{} heads / {} kv heads, interleaved {}, bf16 cache {}: step {p} row {r} \
-                         head {h} elem {e}: {g} vs {want}",
-                        c.heads,
-                        c.kv_heads,
-                        c.interleaved,
-                        c.bf16_cache
-                    );
+                    for (sp, got) in &outs {
+                        let g = got[r * dim + h * head_dim + e];
+                        assert!(
+                            (g - want).abs() < 1e-5 * want.abs().max(1.0),
+                            "{} heads / {} kv heads, interleaved {}, bf16 cache {}, {sp} splits: \
+                             step {p} row {r} head {h} elem {e}: {g} vs {want}",
+                            c.heads,
+                            c.kv_heads,
+                            c.interleaved,
+                            c.bf16_cache
+                        );
+                    }
                 }
             }
         }
@@ -184,7 +196,7 @@ fn run(c: &Case) {
 
 #[test]
 fn grouped_query_attention_and_rope_halves_match_naive() {
-    for (heads, kv_heads) in [(4, 2), (6, 3), (4, 1), (2, 2)] {
+    for (heads, kv_heads) in [(4, 2), (6, 3), (4, 1), (2, 2), (6, 2)] {
         for interleaved in [false, true] {
             run(&Case {
                 heads,

@@ -50,7 +50,6 @@ use moshid_model::ops;
 
 const NORM_THREADS: u32 = 256;
 const ROPE_THREADS: u32 = 128;
-const ATT_THREADS: u32 = 128;
 const EW_THREADS: u32 = 256;
 const SAMPLE_THREADS: u32 = 512;
 const CONV_THREADS: u32 = 128;

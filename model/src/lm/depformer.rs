@@ -90,6 +90,37 @@ pub fn in_indices(cfg: &LmConfig) -> (Vec<usize>, usize) {
     }
 }
 
+/// Tensors of the depformer steps a file stores but the model never runs
+/// (PersonaPlex's steps `dep_q..dep_q_stored`, which predict the user's
+/// audio): checked and skipped at load.
+pub fn unused_step_specs(cfg: &LmConfig) -> Vec<TensorSpec> {
+    let mut out = Vec::new();
+    let d = cfg.depformer.dim;
+    let rank = cfg.depformer.low_rank_embeddings;
+    let sh = stack_shape(cfg);
+    for k in cfg.dep_q..cfg.dep_q_stored {
+        out.push(TensorSpec::new(
+            format!("depformer_in.{k}.weight"),
+            &[d, cfg.dim],
+        ));
+        Embedding::specs(
+            &format!("depformer_emb.{}", k - 1),
+            cfg.card + 1,
+            d,
+            rank,
+            &mut out,
+        );
+        out.push(TensorSpec::new(
+            format!("linears.{k}.weight"),
+            &[cfg.card, d],
+        ));
+        for l in 0..sh.layers {
+            out.extend(Stack::set_specs("depformer", &sh, l, k));
+        }
+    }
+    out
+}
+
 impl Depformer {
     /// Tensors of the depformer.
     pub(crate) fn specs(cfg: &LmConfig, out: &mut Vec<TensorSpec>) {

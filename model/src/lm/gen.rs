@@ -10,6 +10,17 @@
 //! new offset `t + 1 > max_delay` is entry `(t + 1 − max_delay + delay[k]) % CT`
 //! for the text and the `dep_q` generated codebooks.
 //!
+//! PersonaPlex (NVIDIA's `LMGen`, see [`super::persona`]) differs in two
+//! ways, both kept here so that one step serves both families: the user's
+//! codes of step `t` are written one entry later, at `(t + delay[k] + 1) %
+//! CT` (the ring is one entry longer), and a token ring entry can be
+//! *forced* (NVIDIA's `provided`): when the entry the step would write
+//! (`(t + 1) % CT`) is forced, the text token or depformer step takes the
+//! stored value instead of the sampled one (and feeds it to the next
+//! depformer step); the flags of entry `t % CT` are cleared after the step.
+//! Only a prompt prefill forces entries; for Kyutai's models none is ever
+//! set and the step is moshi 0.2.13's.
+//!
 //! Rows: an active slot contributes one row, two with guidance (conditioned
 //! row first, null row second, adjacent). Temporal KV cache row of slot `s`,
 //! sub-row `j` is `s · rows_per_slot + j`; the depformer's per-frame cache is
@@ -18,6 +29,7 @@
 use super::conditioner::cfg_mix;
 use super::linear::linear;
 use super::sampling::{slot_rng, Sampler, SlotRng};
+use super::text_rules::{self, SkippedIds, TextHistory, TextRules};
 use super::transformer::{AttnRow, StackScratch};
 use super::{GenParams, Lm, LmStepOutput, ParamError};
 use crate::alloc::{self, AllocError};
@@ -32,11 +44,15 @@ struct Slot {
     offset: usize,
     /// `[num_codebooks, CT]` token ring.
     cache: Vec<u32>,
+    /// `[num_codebooks, CT]`: entries a prompt forced (PersonaPlex).
+    forced: Vec<bool>,
     /// Guidance coefficient when guidance is on.
     cfg_coef: Option<f32>,
     text: Sampler,
     audio: Sampler,
     rng: SlotRng,
+    rules: TextRules,
+    history: TextHistory,
 }
 
 struct Scratch {
@@ -66,11 +82,21 @@ struct Scratch {
     /// Sampled audio tokens `[active, dep_q]`.
     audio: Vec<u32>,
     cand: Vec<(f64, u32)>,
+    /// The repetition penalty's scratch (`text_card`, all false).
+    seen: Vec<bool>,
     stack: StackScratch,
     cond_tmp: Vec<f32>,
     /// The unused guidance vector of a model without guidance rows.
     null_tmp: Vec<f32>,
     dep_kv: Vec<f32>,
+}
+
+/// Scratch of a prefill pass (models with a prompt prefill only).
+pub(crate) struct PrefillScratch {
+    pub(crate) x: Vec<f32>,
+    pub(crate) tout: Vec<f32>,
+    pub(crate) rows: Vec<AttnRow>,
+    stack: StackScratch,
 }
 
 /// All per-slot state of a batch and every scratch buffer of a step.
@@ -83,6 +109,8 @@ pub struct LmState {
     /// Temporal KV cache `[max_slots · rows_per_slot, kv_row_len]`.
     kv: Vec<f32>,
     sc: Scratch,
+    /// Empty for models without a prompt prefill.
+    pf: PrefillScratch,
 }
 
 impl LmState {
@@ -100,6 +128,54 @@ impl LmState {
     pub fn uses_cfg(&self, slot: usize) -> bool {
         self.slots[slot].cfg_coef.is_some()
     }
+
+    pub(crate) fn rows_per_slot(&self) -> usize {
+        self.rows_per_slot
+    }
+
+    pub(crate) fn prefill_scratch(&mut self) -> &mut PrefillScratch {
+        &mut self.pf
+    }
+
+    /// The pass's rows, its scratch and the KV caches, borrowed together.
+    pub(crate) fn prefill_parts(
+        &mut self,
+    ) -> (&mut [f32], &[AttnRow], &mut StackScratch, &mut [f32]) {
+        (
+            &mut self.pf.x,
+            &self.pf.rows,
+            &mut self.pf.stack,
+            &mut self.kv,
+        )
+    }
+
+    fn kv_row_len(&self) -> usize {
+        self.kv.len() / (self.max_slots * self.rows_per_slot).max(1)
+    }
+
+    pub(crate) fn kv_row(&self, row: usize) -> &[f32] {
+        let n = self.kv_row_len();
+        &self.kv[row * n..(row + 1) * n]
+    }
+
+    pub(crate) fn kv_row_mut(&mut self, row: usize) -> &mut [f32] {
+        let n = self.kv_row_len();
+        &mut self.kv[row * n..(row + 1) * n]
+    }
+
+    /// The slot's token ring and forced flags.
+    pub(crate) fn ring(&self, slot: usize) -> (&[u32], &[bool]) {
+        let s = &self.slots[slot];
+        (&s.cache, &s.forced)
+    }
+
+    /// Gives the slot a token ring, forced flags and offset (a prefill's).
+    pub(crate) fn set_ring(&mut self, slot: usize, offset: usize, cache: &[u32], forced: &[bool]) {
+        let s = &mut self.slots[slot];
+        s.offset = offset;
+        s.cache.copy_from_slice(cache);
+        s.forced.copy_from_slice(forced);
+    }
 }
 
 impl Lm {
@@ -108,8 +184,14 @@ impl Lm {
         self.conditioning.rows_per_slot()
     }
 
-    fn cache_len(&self) -> usize {
-        self.cfg.max_delay() + 2
+    pub(crate) fn cache_len(&self) -> usize {
+        self.cfg.max_delay() + 2 + self.user_lag()
+    }
+
+    /// How many entries later than the step's own the user's codes are
+    /// written (1 for PersonaPlex, see the module doc).
+    pub(crate) fn user_lag(&self) -> usize {
+        usize::from(self.cfg.model_type == crate::config::ModelType::PersonaPlex)
     }
 
     /// A state for `max_slots` slots, each reset with [`GenParams::default`].
@@ -132,10 +214,13 @@ impl Lm {
             .map(|_| Slot {
                 offset: 0,
                 cache: vec![UNGENERATED; k * self.cache_len()],
+                forced: vec![false; k * self.cache_len()],
                 cfg_coef: None,
                 text: Sampler::GREEDY,
                 audio: Sampler::GREEDY,
                 rng: slot_rng(0),
+                rules: TextRules::default(),
+                history: TextHistory::default(),
             })
             .collect();
         let sc = Scratch {
@@ -156,6 +241,7 @@ impl Lm {
             text: vec![0; max_slots],
             audio: vec![0; max_slots * cfg.dep_q],
             cand: vec![(0.0, 0); cfg.card.max(cfg.text_card)],
+            seen: vec![false; cfg.text_card],
             stack: StackScratch::new(
                 rows,
                 &[self.temporal.shape(), self.depformer.stack().shape()],
@@ -166,7 +252,19 @@ impl Lm {
                 format!("the depformer's KV caches for {max_slots} slots")
             })?,
         };
+        let pf_rows = if super::prefill_headroom(cfg) > 0 {
+            super::PREFILL_CHUNK_POSITIONS
+        } else {
+            0
+        };
+        let pf = PrefillScratch {
+            x: vec![0.0; pf_rows * cfg.dim],
+            tout: vec![0.0; pf_rows * cfg.dim],
+            rows: Vec::with_capacity(pf_rows),
+            stack: StackScratch::new(pf_rows, &[self.temporal.shape()]),
+        };
         let mut st = LmState {
+            pf,
             max_slots,
             rows_per_slot: rps,
             slots,
@@ -218,10 +316,13 @@ impl Lm {
         let s = &mut state.slots[slot];
         s.offset = 0;
         s.cache.fill(UNGENERATED);
+        s.forced.fill(false);
         s.cfg_coef = setup.cfg_coef;
         s.text = setup.text;
         s.audio = setup.audio;
         s.rng = slot_rng(setup.seed);
+        s.rules = setup.rules;
+        s.history.clear();
         Ok(())
     }
 
@@ -241,6 +342,7 @@ impl Lm {
         let nu = cfg.num_user_codebooks();
         let nk = cfg.num_codebooks();
         let ct = self.cache_len();
+        let lag = self.user_lag();
         let max_delay = cfg.max_delay();
         let (dim, dep_q, card, tc) = (cfg.dim, cfg.dep_q, cfg.card, cfg.text_card);
         assert_eq!(active.len(), ms, "`active` must have one entry per slot");
@@ -276,7 +378,9 @@ impl Lm {
                     "slot {s}: user code {code} above card {card}"
                 );
                 let k = 1 + dep_q + j;
-                slot.cache[k * ct + (t + cfg.delays[k]) % ct] = code;
+                let at = k * ct + (t + cfg.delays[k] + lag) % ct;
+                slot.cache[at] = code;
+                slot.forced[at] = lag > 0;
             }
             let a = sc.active.len();
             sc.active.push(s);
@@ -312,15 +416,7 @@ impl Lm {
         for (r, row) in sc.rows.iter().enumerate() {
             let toks = &sc.tokens[sc.row_slot[r] * nk..(sc.row_slot[r] + 1) * nk];
             let xr = &mut sc.x[r * dim..(r + 1) * dim];
-            xr.copy_from_slice(self.emb[0].row(toks[1]));
-            for (e, &tok) in self.emb.iter().zip(&toks[1..]).skip(1) {
-                for (o, v) in xr.iter_mut().zip(e.row(tok)) {
-                    *o += v;
-                }
-            }
-            for (o, v) in xr.iter_mut().zip(self.text_emb.row(toks[0])) {
-                *o += v;
-            }
+            self.embed_tokens(toks, xr);
             if !self.conditioning.is_empty() {
                 let c = &state.cond[row.kv_row * dim..(row.kv_row + 1) * dim];
                 for (o, v) in xr.iter_mut().zip(c) {
@@ -363,9 +459,22 @@ impl Lm {
                 ),
                 None => dst.copy_from_slice(cond),
             }
-            let tok = slot.text.sample(dst, &mut slot.rng, &mut sc.cand);
+            if !slot.rules.is_off() {
+                let pad = cfg.existing_text_padding_id;
+                text_rules::apply(dst, &slot.rules, &slot.history, pad, &mut sc.seen);
+            }
+            let mut tok = slot.text.sample(dst, &mut slot.rng, &mut sc.cand);
+            let target = (slot.offset + 1) % ct;
+            if slot.forced[target] {
+                tok = slot.cache[target];
+            }
             sc.text[a] = tok;
             sc.prev[a] = tok;
+            let skip = SkippedIds {
+                pad: cfg.existing_text_padding_id,
+                start: tc as u32,
+            };
+            slot.history.push(tok, skip);
         }
 
         // 5. Depformer, codebook by codebook.
@@ -389,7 +498,7 @@ impl Lm {
                 let slot = &mut state.slots[s];
                 let r0 = sc.row0[a];
                 let cond = &sc.dlogits[r0 * card..(r0 + 1) * card];
-                let tok = match slot.cfg_coef {
+                let sampled = match slot.cfg_coef {
                     Some(coef) => {
                         cfg_mix(
                             cond,
@@ -401,6 +510,12 @@ impl Lm {
                     }
                     None => slot.audio.sample(cond, &mut slot.rng, &mut sc.cand),
                 };
+                let target = (1 + k) * ct + (slot.offset + 1) % ct;
+                let tok = if slot.forced[target] {
+                    slot.cache[target]
+                } else {
+                    sampled
+                };
                 sc.audio[a * dep_q + k] = tok;
                 sc.prev[a] = tok;
             }
@@ -411,6 +526,11 @@ impl Lm {
             let slot = &mut state.slots[s];
             slot.offset += 1;
             let t = slot.offset;
+            if lag > 0 {
+                for k in 0..nk {
+                    slot.forced[k * ct + (t - 1) % ct] = false;
+                }
+            }
             slot.cache[t % ct] = sc.text[a];
             for k in 0..dep_q {
                 slot.cache[(1 + k) * ct + t % ct] = sc.audio[a * dep_q + k];

@@ -41,10 +41,12 @@ mod depformer;
 mod embeddings;
 mod gen;
 mod linear;
+pub mod prefill;
 /// The linear kernel, for the host probe ([`crate::probe`]).
 pub(crate) use linear::linear;
 mod sampling;
 mod setup;
+pub mod text_rules;
 mod transformer;
 
 /// Tensors of the norm before depformer head `k` (`depformer_norms.{k}`).
@@ -92,6 +94,11 @@ pub struct GenParams {
     /// `(conditioner, value)` pairs for the guidance (null) row, used when
     /// `cfg_coef != 1`; unnamed conditioners use their learnt padding.
     pub null_conditions: Vec<(String, String)>,
+    /// Kyutai's `pad_mult`: the text padding token's probability is
+    /// multiplied by `exp(pad_mult)` (0: off; see [`text_rules`]).
+    pub pad_mult: f32,
+    /// Kyutai's repetition penalty `(context, penalty)` on text tokens.
+    pub repetition_penalty: Option<(usize, f32)>,
 }
 
 impl Default for GenParams {
@@ -106,6 +113,8 @@ impl Default for GenParams {
             cfg_coef: 1.0,
             conditions: Vec::new(),
             null_conditions: Vec::new(),
+            pad_mult: 0.0,
+            repetition_penalty: None,
         }
     }
 }
@@ -162,6 +171,9 @@ pub enum ParamError {
     /// A number that is NaN or infinite.
     #[error("parameter `{0}` must be finite, got {1}")]
     NotFinite(&'static str, f32),
+    /// A value outside what the parameter allows.
+    #[error("parameter `{0}`: {1}")]
+    OutOfRange(&'static str, String),
 }
 
 /// How a stream ends, following `run_inference.py`.
@@ -189,7 +201,7 @@ pub enum EndOfStream {
 /// backend runs it.
 pub fn end_of_stream_of(cfg: &LmConfig) -> EndOfStream {
     match cfg.model_type {
-        ModelType::Moshi => EndOfStream::WithInput,
+        ModelType::Moshi | ModelType::PersonaPlex => EndOfStream::WithInput,
         ModelType::Hibiki => EndOfStream::DrainUntilText {
             eos_user_code: cfg.card as u32,
             text_eos_id: HIBIKI_TEXT_EOS as u32,
@@ -215,6 +227,21 @@ pub struct Lm {
     conditioning: Conditioning,
 }
 
+/// Extra ring KV entries of a model with a prompt prefill beyond its
+/// `context`, so that a chunk of up to this many prefill positions can run
+/// in one causal pass without overwriting keys its first queries still see.
+pub fn prefill_headroom(cfg: &LmConfig) -> usize {
+    if cfg.model_type == ModelType::PersonaPlex {
+        PREFILL_CHUNK_POSITIONS
+    } else {
+        0
+    }
+}
+
+/// The most prefill positions one causal pass runs (a prompt longer than
+/// this runs in several passes, with the same results).
+pub const PREFILL_CHUNK_POSITIONS: usize = 32;
+
 /// The temporal transformer's shape for `cfg`.
 pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
     StackShape {
@@ -225,8 +252,8 @@ pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
         hidden: cfg.ffn_hidden(),
         sets: 1,
         gating_list: false,
-        capacity: cfg.context,
-        context: cfg.context,
+        capacity: cfg.context + prefill_headroom(cfg),
+        context: cfg.attention_window(),
         rope: cfg.pos_emb.rope(cfg.max_period),
         eps: cfg.norm.eps(),
     }
@@ -235,6 +262,19 @@ pub fn temporal_shape(cfg: &LmConfig) -> StackShape {
 impl Lm {
     /// Every tensor the checkpoint must hold (split attention names).
     pub fn tensor_specs(cfg: &LmConfig) -> Vec<TensorSpec> {
+        let mut out = Self::tensor_specs_used(cfg);
+        out.extend(Self::tensor_specs_unused(cfg));
+        out
+    }
+
+    /// The tensors a checkpoint stores but the model never computes
+    /// (PersonaPlex's depformer steps for the user's audio).
+    pub fn tensor_specs_unused(cfg: &LmConfig) -> Vec<TensorSpec> {
+        depformer::unused_step_specs(cfg)
+    }
+
+    /// The tensors the model reads.
+    pub fn tensor_specs_used(cfg: &LmConfig) -> Vec<TensorSpec> {
         let mut out = Vec::new();
         for k in 0..cfg.n_q {
             Embedding::specs(&format!("emb.{k}"), cfg.card + 1, cfg.dim, None, &mut out);
@@ -266,6 +306,9 @@ impl Lm {
         let out_norm = weights.take("out_norm.alpha", &[1, 1, cfg.dim])?;
         let text_linear = weights.take("text_linear.weight", &[cfg.text_card, cfg.dim])?;
         let depformer = Depformer::load(cfg, weights)?;
+        for spec in depformer::unused_step_specs(cfg) {
+            weights.skip(&spec.name, &spec.shape)?;
+        }
         let conditioning = Conditioning::load(cfg, weights)?;
         Ok(Lm {
             cfg: cfg.clone(),

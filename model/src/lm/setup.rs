@@ -31,6 +31,8 @@ pub struct SlotSetup {
     pub audio: Sampler,
     /// Seed of the slot's generator.
     pub seed: u64,
+    /// Kyutai's text rules.
+    pub rules: super::text_rules::TextRules,
 }
 
 /// The model's conditioners.
@@ -128,9 +130,38 @@ impl Conditioning {
         check_finite("temp", params.temp)?;
         check_finite("temp_text", params.temp_text)?;
         check_finite("cfg_coef", params.cfg_coef)?;
+        check_finite("pad_mult", params.pad_mult)?;
+        if let Some((context, penalty)) = params.repetition_penalty {
+            check_finite("repetition_penalty", penalty)?;
+            if penalty <= 0.0 {
+                return Err(ParamError::OutOfRange(
+                    "repetition_penalty",
+                    format!("must be positive, got {penalty}"),
+                ));
+            }
+            if context == 0 || context > super::text_rules::MAX_REPETITION_CONTEXT {
+                return Err(ParamError::OutOfRange(
+                    "repetition_penalty_context",
+                    format!(
+                        "must be 1..={}, got {context}",
+                        super::text_rules::MAX_REPETITION_CONTEXT
+                    ),
+                ));
+            }
+        }
         let cfg_on = params.cfg_coef != 1.0;
         if cfg_on && self.is_empty() {
             return Err(ParamError::CfgWithoutConditioners(params.cfg_coef));
+        }
+        if cfg_on && (params.pad_mult != 0.0 || params.repetition_penalty.is_some()) {
+            return Err(ParamError::OutOfRange(
+                if params.pad_mult != 0.0 {
+                    "pad_mult"
+                } else {
+                    "repetition_penalty"
+                },
+                "is not available with classifier-free guidance".into(),
+            ));
         }
         let cond_ids = self.resolve(&params.conditions)?;
         let null_ids = self.resolve(&params.null_conditions)?;
@@ -151,13 +182,19 @@ impl Conditioning {
                 }
             }
         }
+        let text = Sampler {
+            use_sampling: params.use_sampling,
+            temp: params.temp_text,
+            top_k: params.top_k_text,
+        };
         Ok(SlotSetup {
             cfg_coef: cfg_on.then_some(params.cfg_coef),
-            text: Sampler {
-                use_sampling: params.use_sampling,
-                temp: params.temp_text,
-                top_k: params.top_k_text,
-            },
+            rules: super::text_rules::TextRules::new(
+                params.pad_mult,
+                params.repetition_penalty,
+                &text,
+            ),
+            text,
             audio: Sampler {
                 use_sampling: params.use_sampling,
                 temp: params.temp,

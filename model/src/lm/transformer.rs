@@ -190,6 +190,20 @@ impl Stack {
         [[shape.qkv_dim(), d], [d, d], [2 * h, d], [d, h]]
     }
 
+    /// Tensors of weight set `set` of layer `l`.
+    pub(crate) fn set_specs(
+        prefix: &str,
+        shape: &StackShape,
+        l: usize,
+        set: usize,
+    ) -> Vec<TensorSpec> {
+        Self::layer_names(prefix, shape, l, set)
+            .into_iter()
+            .zip(Self::set_shapes(shape))
+            .map(|(n, s)| TensorSpec::new(n, &s))
+            .collect()
+    }
+
     /// Tensors of the stack under `prefix` (`transformer`, `depformer`).
     pub(crate) fn specs(prefix: &str, shape: &StackShape, out: &mut Vec<TensorSpec>) {
         let d = shape.dim;
@@ -203,10 +217,7 @@ impl Stack {
                 &[1, 1, d],
             ));
             for set in 0..shape.sets {
-                let names = Self::layer_names(prefix, shape, l, set);
-                for (n, s) in names.iter().zip(Self::set_shapes(shape)) {
-                    out.push(TensorSpec::new(n.clone(), &s));
-                }
+                out.extend(Self::set_specs(prefix, shape, l, set));
             }
         }
     }
@@ -266,6 +277,31 @@ impl Stack {
     /// Floats of KV cache per cache row.
     pub(crate) fn kv_row_len(&self) -> usize {
         self.shape.layers * 2 * self.shape.capacity * self.shape.kv_dim()
+    }
+
+    /// Copies the keys and values of position `pos` of one KV row (every
+    /// layer: `[layers][2][kv_dim]`) into `out`.
+    pub(crate) fn read_position(&self, kv_row: &[f32], pos: usize, out: &mut [f32]) {
+        let kvd = self.shape.kv_dim();
+        let plane = self.shape.capacity * kvd;
+        let at = (pos % self.shape.capacity) * kvd;
+        for (l, o) in out.chunks_exact_mut(2 * kvd).enumerate() {
+            let base = l * 2 * plane;
+            o[..kvd].copy_from_slice(&kv_row[base + at..base + at + kvd]);
+            o[kvd..].copy_from_slice(&kv_row[base + plane + at..base + plane + at + kvd]);
+        }
+    }
+
+    /// Writes what [`Stack::read_position`] read back at position `pos`.
+    pub(crate) fn write_position(&self, kv_row: &mut [f32], pos: usize, src: &[f32]) {
+        let kvd = self.shape.kv_dim();
+        let plane = self.shape.capacity * kvd;
+        let at = (pos % self.shape.capacity) * kvd;
+        for (l, s) in src.chunks_exact(2 * kvd).enumerate() {
+            let base = l * 2 * plane;
+            kv_row[base + at..base + at + kvd].copy_from_slice(&s[..kvd]);
+            kv_row[base + plane + at..base + plane + at + kvd].copy_from_slice(&s[kvd..]);
+        }
     }
 
     /// Runs the stack in place on `x` (`[rows.len(), dim]`), with weight set

@@ -10,7 +10,10 @@
 //! attends to the ring entries whose position `q` satisfies
 //! `0 ≤ p − q < context` (exactly the official `RingKVCache` + mask, including
 //! its consequence that the first query of a call sees fewer than `context`
-//! keys once the ring has wrapped).
+//! keys once the ring has wrapped). With [`KvWindow::ContextMinusOne`]
+//! (NVIDIA's fork, PersonaPlex) positions are labelled from the call's end
+//! instead of its last key: the entry the next write overwrites (the oldest
+//! key) is labelled as a future position and never seen.
 //!
 //! Invariants: only the listed slots' caches and counters change; `forward`
 //! does not allocate (scratch sized at creation for `max_slots × t_max`).
@@ -18,7 +21,7 @@
 use super::act;
 use super::conv::SlotBuf;
 use super::linear::PackedLinear;
-use crate::config::MimiTransformerConfig;
+use crate::config::{KvWindow, MimiTransformerConfig};
 use crate::ops;
 use crate::weights::{CheckpointError, TensorSpec, Weights};
 
@@ -45,6 +48,8 @@ pub(crate) struct MimiTransformer {
     heads: usize,
     ff: usize,
     context: usize,
+    /// Positions are labelled from the call's end (NVIDIA's fork).
+    label_from_end: bool,
     layer_scale: bool,
     eps: f32,
     freqs: Vec<f32>,
@@ -91,6 +96,7 @@ impl MimiTransformer {
             heads: cfg.num_heads,
             ff: cfg.dim_feedforward,
             context: cfg.context,
+            label_from_end: cfg.kv_window == KvWindow::ContextMinusOne,
             layer_scale: cfg.layer_scale.is_some(),
             eps: cfg.norm.eps(),
             freqs: rope_freqs_exact(head_dim, cfg.max_period),
@@ -292,7 +298,7 @@ impl MimiTransformer {
             }
             // Positions held by the ring after the write (official formula).
             let end_new = (off + t) as i64;
-            let last = end_new - 1;
+            let last = end_new - i64::from(!self.label_from_end);
             let end_index = last % cap as i64;
             let position = |i: usize| -> i64 {
                 let i = i as i64;
@@ -375,6 +381,7 @@ mod tests {
 
     fn tiny(context: usize) -> MimiTransformer {
         let cfg = MimiTransformerConfig {
+            kv_window: crate::config::KvWindow::Context,
             d_model: 8,
             num_heads: 2,
             num_layers: 2,

@@ -14,9 +14,8 @@
 //! keep producing, and their tokens must equal the undisturbed run
 //! (`lm_tokens_out`), which is what is checked at those steps.
 
-use moshid_model::config::LmConfig;
+use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::lm::{GenParams, Lm, LmStepOutput};
-use moshid_model::weights::Weights;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
@@ -44,8 +43,9 @@ struct Fixture {
 }
 
 fn load(dir: &Path) -> Fixture {
-    let cfg = LmConfig::from_file(&dir.join("lm_config.json")).unwrap();
-    let mut w = Weights::open(&dir.join("lm.safetensors")).unwrap();
+    let d = CheckpointDir::open(dir).unwrap();
+    let cfg = d.lm.clone();
+    let mut w = d.open_lm_weights().unwrap();
     w.checkpoint().validate(&Lm::tensor_specs(&cfg)).unwrap();
     let lm = Lm::load(&cfg, &mut w).unwrap();
     w.finish().unwrap();

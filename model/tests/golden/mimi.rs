@@ -79,16 +79,7 @@ impl Io {
     }
 }
 
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
+use super::fixtures::rel_err;
 
 fn load(dir: &Path, codebooks: usize) -> Mimi {
     let cfg = MimiConfig::from_file(&dir.join("mimi_config.json")).expect("mimi config");

@@ -1,5 +1,5 @@
 //! Answering a digest challenge (RFC 3261 §22.2, RFC 7616, RFC 8760): the
-//! client side of [`super::digest`], for the requests moshid sends itself
+//! client side of [`moshid_telephony::sip::digest`], for the requests moshid sends itself
 //! (the INVITEs of the calls it places, its REGISTERs).
 //!
 //! A 401 carries `WWW-Authenticate`, a 407 `Proxy-Authenticate`, one per
@@ -11,14 +11,15 @@
 //! replaces it.
 //!
 //! Invariants: never panics on any header (the parser is
-//! [`super::auth_header::parse`], fuzzed); a challenge moshid cannot answer
+//! [`moshid_telephony::sip::auth_header::parse`], fuzzed); a challenge moshid cannot answer
 //! (another scheme, `auth-int` only, an unknown algorithm) is an error
 //! naming why, so the request fails with that reason instead of looping.
 
-use super::auth_header;
-use super::config::SipClientCredentials;
-use super::digest::{self, Algorithm, Inputs};
-use super::message::Message;
+use crate::config::sip::SipClientCredentials;
+use moshid_telephony::sip::auth_header;
+use moshid_telephony::sip::digest::{self, Algorithm, Inputs};
+use moshid_telephony::sip::message::Message;
+use moshid_telephony::sip::quoted_string::{self, QuotedStringError};
 
 /// A challenge moshid can answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,30 +104,23 @@ pub fn pick(response: &Message, code: u16) -> Result<Challenge, String> {
     best.ok_or(why)
 }
 
-/// `s` as a quoted string (RFC 3261 §25.1).
-fn quoted(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
-}
-
 impl Challenge {
     /// The header line (`Authorization: …` or `Proxy-Authorization: …`)
     /// for a request of `method` to `uri`, with `cnonce`; counts `nc` up.
+    ///
+    /// The realm, nonce and opaque go back as the challenge gave them:
+    /// their values (what the digest is computed over, RFC 7616 §3.4's
+    /// `unq()`) written by [`quoted_string::write`], so a control character
+    /// the server escaped is escaped again. `Err` names a value no quoted
+    /// string can carry (a line break; the parser never yields one, and
+    /// `sip.*.auth.username` and the URIs are checked before they get here).
     pub fn answer(
         &mut self,
         creds: &SipClientCredentials,
         method: &str,
         uri: &str,
         cnonce: &str,
-    ) -> String {
+    ) -> Result<String, String> {
         self.nc = self.nc.wrapping_add(1).max(1);
         let nc = format!("{:08x}", self.nc);
         let inputs = Inputs {
@@ -145,35 +139,39 @@ impl Challenge {
         } else {
             "Authorization"
         };
+        let q = |what: &str, v: &str| {
+            quoted_string::quoted(v)
+                .map_err(|e: QuotedStringError| format!("{name}: `{what}`: {e}"))
+        };
         let mut h = format!(
             "{name}: Digest username={}, realm={}, nonce={}, uri={}, algorithm={}",
-            quoted(&creds.username),
-            quoted(&self.realm),
-            quoted(&self.nonce),
-            quoted(uri),
+            q("username", &creds.username)?,
+            q("realm", &self.realm)?,
+            q("nonce", &self.nonce)?,
+            q("uri", uri)?,
             self.algorithm.name()
         );
         if self.qop_auth {
             let response = digest::response(&inputs);
             h.push_str(&format!(
                 ", response=\"{response}\", qop=auth, nc={nc}, cnonce={}",
-                quoted(cnonce)
+                q("cnonce", cnonce)?
             ));
         } else {
             let response = digest::response_without_qop(&inputs);
             h.push_str(&format!(", response=\"{response}\""));
         }
         if let Some(o) = &self.opaque {
-            h.push_str(&format!(", opaque={}", quoted(o)));
+            h.push_str(&format!(", opaque={}", q("opaque", o)?));
         }
-        h
+        Ok(h)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sip::message::parse;
+    use moshid_telephony::sip::message::parse;
 
     fn creds() -> SipClientCredentials {
         SipClientCredentials {
@@ -204,7 +202,7 @@ mod tests {
             (c.algorithm, c.proxy, c.qop_auth),
             (Algorithm::Sha256, false, true)
         );
-        let h = c.answer(&creds(), "INVITE", "sip:b@h", "cn");
+        let h = c.answer(&creds(), "INVITE", "sip:b@h", "cn").unwrap();
         let value = h.strip_prefix("Authorization: ").unwrap();
         let parsed = auth_header::parse(value).unwrap();
         let r = auth_header::DigestResponse::from_credentials(&parsed).unwrap();
@@ -222,7 +220,7 @@ mod tests {
         };
         assert!(digest::verify(&inputs, &r.response));
         // The next request with the same challenge counts nc up.
-        let h2 = c.answer(&creds(), "REGISTER", "sip:h", "cn2");
+        let h2 = c.answer(&creds(), "REGISTER", "sip:h", "cn2").unwrap();
         assert!(h2.contains("nc=00000002"), "{h2}");
     }
 
@@ -240,7 +238,9 @@ mod tests {
             username: "Mufasa".into(),
             password: "Circle Of Life".into(),
         };
-        let h = c.answer(&creds, "GET", "/dir/index.html", "0a4f113b");
+        let h = c
+            .answer(&creds, "GET", "/dir/index.html", "0a4f113b")
+            .unwrap();
         assert!(h.starts_with("Proxy-Authorization: Digest "), "{h}");
         assert!(
             h.contains("response=\"6629fae49393a05397450978507c4ef1\""),
@@ -253,7 +253,7 @@ mod tests {
         let m = response_with("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\"\r\n", 401);
         let mut c = pick(&m, 401).unwrap();
         assert!(!c.qop_auth);
-        let h = c.answer(&creds(), "REGISTER", "sip:h", "x");
+        let h = c.answer(&creds(), "REGISTER", "sip:h", "x").unwrap();
         assert!(!h.contains("qop") && !h.contains("cnonce"), "{h}");
         let inputs = Inputs {
             algorithm: Algorithm::Md5,
@@ -295,7 +295,65 @@ mod tests {
         );
         let h = pick(&m, 401)
             .unwrap()
-            .answer(&creds(), "INVITE", "sip:x", "c");
+            .answer(&creds(), "INVITE", "sip:x", "c")
+            .unwrap();
         assert!(h.contains(r#"realm="a\"b""#), "{h}");
+    }
+
+    /// A 401 whose realm holds an escaped control character (0x1c), as
+    /// RFC 3261 §25.1's quoted-pair allows (found by fuzzing
+    /// `sip_client_response`; the same bytes are a seed in
+    /// `fuzz/corpus/sip_client_response/`). The answer escapes it again,
+    /// moshid's own server-side parser reads it back to the same realm,
+    /// and the digest is computed over the unescaped realm.
+    #[test]
+    fn echoes_an_escaped_control_character_in_the_realm() {
+        use base64::Engine;
+        const FOUND: &str = "U0lQLzIuMCA0MDEgU2VxOiAxSVROVkVJIA0KV1dXLUF1dGhlbnRpY2F0ZTogRGlnZXN0IHJlYWxtPSJwYnguUFBQUFBQUFBJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSUlJSVBQUFBQUFBQUFBQUFBQUFBQUFBQUFBdXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1cXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXBxcXFxcXFxcXFxcXFxcXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1TXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXV1dXVBQdGVzdCIsIG5vbmNlPSI0N0RvbnRhMWQ5YzMxIiwgcW9wPSJhdXRoIiwgYWxnb3JpdGhtPU1ENSwgb3BhcXVlPSJvcDAiDQpDb250ZW50LUxlbmd0aDogMA0KDQo=";
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(FOUND)
+            .unwrap();
+        let m = parse(&bytes).unwrap();
+        let mut c = pick(&m, 401).unwrap();
+        // On the wire: 47 backslashes, 0x1c, 13 backslashes, `]` — that is
+        // 23 escaped backslashes, an escaped 0x1c, 6 escaped backslashes
+        // and an escaped `]`.
+        let bs = |n: usize| "\\".repeat(n);
+        let meant = format!("{}\u{1c}{}]", bs(23), bs(6));
+        assert!(c.realm.contains(&meant), "{:?}", c.realm);
+        let h = c
+            .answer(&creds(), "INVITE", "sip:a@127.0.0.1", "0123abcd")
+            .unwrap();
+        // Written back: the same escapes, but for the `]` that needs none.
+        let written = format!("{}\u{1c}{}]", bs(47), bs(12));
+        assert!(h.contains(&written), "escaped again: {h:?}");
+        let value = h.strip_prefix("Authorization: ").unwrap();
+        let r = auth_header::DigestResponse::from_credentials(&auth_header::parse(value).unwrap())
+            .unwrap();
+        assert_eq!(r.realm, c.realm);
+        assert_eq!(r.opaque.as_deref(), Some("op0"));
+        let inputs = Inputs {
+            algorithm: Algorithm::Md5,
+            username: "alice",
+            realm: &c.realm,
+            password: "s3cret",
+            method: "INVITE",
+            uri: "sip:a@127.0.0.1",
+            nonce: "47Donta1d9c31",
+            nc: &r.nc_text,
+            cnonce: &r.cnonce,
+        };
+        assert!(digest::verify(&inputs, &r.response));
+    }
+
+    /// A value no quoted string can carry is an error, not a broken header.
+    #[test]
+    fn refuses_to_write_a_line_break() {
+        let m = response_with("WWW-Authenticate: Digest realm=\"r\", nonce=\"n\"\r\n", 401);
+        let mut c = pick(&m, 401).unwrap();
+        let why = c
+            .answer(&creds(), "INVITE", "sip:x\r\nVia: y", "c")
+            .unwrap_err();
+        assert!(why.contains("`uri`"), "{why}");
     }
 }

@@ -3,8 +3,8 @@
 //! thread (glommio's `spawn_blocking`), and an IP literal needs no lookup.
 //!
 //! Plain A/AAAA records (IPv4 first, as the SIP addresses here are); SIP's
-//! own DNS procedures (RFC 3263: NAPTR, SRV) are not followed — see the
-//! README's "SIP, what is not done".
+//! own DNS procedures (RFC 3263: NAPTR, SRV) are not followed — see
+//! docs/sip.md, "Not done".
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 

@@ -157,7 +157,7 @@ impl OutboundCall {
             "answered_unix_ms": p.answered_unix_ms,
             "ended_unix_ms": p.ended_unix_ms,
             "hang_up_requested": self.hang_up_requested(),
-            "event_stream": format!("{}/{}/events", crate::events::sse::SESSIONS_PATH, self.id),
+            "event_stream": format!("{}/{}/events", crate::events::SESSIONS_PATH, self.id),
         })
     }
 }
@@ -329,7 +329,7 @@ pub struct SipShared {
 
 impl SipShared {
     /// For `config`.
-    pub fn new(config: &super::config::SipConfig) -> SipShared {
+    pub fn new(config: &crate::config::sip::SipConfig) -> SipShared {
         SipShared {
             calls: OutboundCalls::default(),
             registrations: config

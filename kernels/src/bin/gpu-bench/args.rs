@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 const USAGE: &str =
     "usage: gpu-bench [--model moshi7b|hibiki2b|hibiki1b|hibiki-zero-3b|DIR] [--batch 1,8,32,64,128] [--steps 200] \
-[--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8] [--context N] \
+[--warmup 10] [--graphs on|off|both] [--out DIR] [--kv bf16|fp8] [--context N[,N...]] \
 [--precision bf16|f32] [--cfg COEF] [--device N|emu] [--reserve-gib G] [--ptx-cache DIR] \
-[--full-context on|off]";
+[--full-context on|off] [--profile] [--profile-steps 20] [--json FILE]";
 
 /// Where the steps run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,8 @@ pub(crate) struct Args {
     pub(crate) graphs: Vec<bool>,
     pub(crate) out: PathBuf,
     pub(crate) kv: KvDtype,
-    pub(crate) context: Option<usize>,
+    /// Contexts to time in turn (a sweep); empty: the model's own.
+    pub(crate) contexts: Vec<usize>,
     /// f32 weights (`--precision f32`) instead of bf16.
     pub(crate) f32_weights: bool,
     pub(crate) cfg: Option<f32>,
@@ -41,6 +42,13 @@ pub(crate) struct Args {
     pub(crate) ptx_cache: PathBuf,
     /// Attention over the whole context in every timed step.
     pub(crate) full_context: bool,
+    /// Profile every measured batch (`profile.rs`).
+    pub(crate) profile: bool,
+    /// Steps gathered per profile mode.
+    pub(crate) profile_steps: usize,
+    /// Where the profile's JSON goes (its markdown beside it, `.md`);
+    /// default: `--out`/gpu-profile-MODEL-kvKV.json.
+    pub(crate) json: Option<PathBuf>,
 }
 
 impl Default for Args {
@@ -53,13 +61,16 @@ impl Default for Args {
             graphs: vec![true],
             out: PathBuf::from("bench/results"),
             kv: KvDtype::Bf16,
-            context: None,
+            contexts: Vec::new(),
             f32_weights: false,
             cfg: None,
             device: DeviceChoice::Cuda(0),
             reserve: 2 << 30,
             ptx_cache: PathBuf::from("target/ptx-cache"),
             full_context: true,
+            profile: false,
+            profile_steps: 20,
+            json: None,
         }
     }
 }
@@ -75,6 +86,10 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, Stri
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Err(USAGE.into());
+        }
+        if flag == "--profile" {
+            a.profile = true;
+            continue;
         }
         let v = it
             .next()
@@ -119,7 +134,18 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, Stri
                     _ => return Err("--kv: bf16 or fp8".into()),
                 }
             }
-            "--context" => a.context = Some(num("--context", &v)?),
+            "--context" => {
+                let c = v
+                    .split(',')
+                    .map(|s| num("--context", s.trim()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if c.is_empty() || c.contains(&0) {
+                    return Err("--context: give positive sizes, e.g. 750,1500,3000".into());
+                }
+                a.contexts = c;
+            }
+            "--profile-steps" => a.profile_steps = num("--profile-steps", &v)?.max(1),
+            "--json" => a.json = Some(PathBuf::from(v)),
             "--precision" => {
                 a.f32_weights = match v.as_str() {
                     "bf16" => false,

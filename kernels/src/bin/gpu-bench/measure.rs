@@ -1,11 +1,15 @@
 //! The timing loop: slots reset (and fast-forwarded to full context), a
 //! deterministic input per slot, warm-up steps, then timed steps per batch
-//! size; and the per-size figures it produces.
+//! size (and, with `--profile`, the profile of each: `profile.rs`); and the
+//! per-size figures it produces.
 
 use crate::args::Args;
+use crate::profile::{profile_batch, ProfileRow};
 use moshid_kernels::device::{Device, DeviceError};
 use moshid_kernels::model::{GpuError, GpuModel};
-use moshid_model::config::LmConfig;
+use moshid_kernels::profile::roofline::Rates;
+use moshid_kernels::profile::Profiled;
+use moshid_model::config::{LmConfig, MimiConfig};
 use moshid_model::lm::GenParams;
 use moshid_model::streaming::{Batch, SessionParams, StreamingModel};
 use std::time::Instant;
@@ -62,7 +66,10 @@ fn session(lm: &LmConfig, cfg: Option<f32>, s: usize) -> SessionParams {
     } else if let Some(c) = cfg {
         gen.cfg_coef = c;
     }
-    SessionParams { gen }
+    SessionParams {
+        gen,
+        ..SessionParams::default()
+    }
 }
 
 /// Writes this step's input frame of every slot in `0..b`: slot `s` hears a
@@ -79,17 +86,53 @@ fn fill_input(batch: &mut Batch, b: usize, step: usize) {
     }
 }
 
-/// Steps `model` for each batch size of `sizes` (all ≤ its `max_slots`).
+/// Steps `steps` frames of slots `0..b` (the input of frame `first + i`),
+/// timing those after the first `warmup`: the sorted wall times (ms) and
+/// the slot-steps that faulted.
+pub(crate) fn run_steps<D: Device>(
+    model: &mut GpuModel<D>,
+    batch: &mut Batch,
+    b: usize,
+    first: usize,
+    warmup: usize,
+    steps: usize,
+) -> Result<(Vec<f64>, usize), String> {
+    let mut times = Vec::with_capacity(steps);
+    let mut faults = 0;
+    for step in first..first + warmup + steps {
+        fill_input(batch, b, step);
+        let t = Instant::now();
+        model.step(batch).map_err(|e| format!("step {step}: {e}"))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if step >= first + warmup {
+            times.push(ms);
+            faults += batch.fault[..b].iter().filter(|f| f.is_some()).count();
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times, faults))
+}
+
+/// What the timing loop fills: rows, skips and (with `--profile`) profiles.
+#[derive(Default)]
+pub(crate) struct Results {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) skips: Vec<Skip>,
+    pub(crate) profiles: Vec<ProfileRow>,
+}
+
+/// Steps `model` for each batch size of `sizes` (all ≤ its `max_slots`);
+/// with `rates` (`--profile`), profiles each size after timing it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn measure<D: Device>(
-    model: &mut GpuModel<D>,
-    lm: &LmConfig,
+    model: &mut GpuModel<Profiled<D>>,
+    (lm, mimi): (&LmConfig, &MimiConfig),
     a: &Args,
     graphs: bool,
     sizes: &[usize],
-    rows: &mut Vec<Row>,
-    skips: &mut Vec<Skip>,
-    mut after_each: impl FnMut(&[Row], &[Skip]),
+    rates: Option<&Rates>,
+    out: &mut Results,
+    mut after_each: impl FnMut(&Results),
 ) {
     let mut batch = model.new_batch();
     for &b in sizes {
@@ -108,22 +151,8 @@ pub(crate) fn measure<D: Device>(
                 *e = s < b;
             }
             batch.end_of_input.iter_mut().for_each(|e| *e = false);
-            let mut times = Vec::with_capacity(a.steps);
-            let mut faults = 0;
-            for step in 0..a.warmup + a.steps {
-                fill_input(&mut batch, b, step);
-                let t = Instant::now();
-                model
-                    .step(&mut batch)
-                    .map_err(|e| format!("step {step}: {e}"))?;
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                if step >= a.warmup {
-                    times.push(ms);
-                    faults += batch.fault[..b].iter().filter(|f| f.is_some()).count();
-                }
-            }
+            let (times, faults) = run_steps(model, &mut batch, b, 0, a.warmup, a.steps)?;
             let mean = times.iter().sum::<f64>() / times.len() as f64;
-            times.sort_by(f64::total_cmp);
             Ok(Row {
                 graphs,
                 batch: b,
@@ -150,18 +179,25 @@ pub(crate) fn measure<D: Device>(
                         String::new()
                     }
                 );
-                rows.push(r);
+                if let Some(rates) = rates {
+                    let nodes = model.graph_nodes(b);
+                    let first = a.warmup + a.steps;
+                    let p =
+                        profile_batch(model, &mut batch, (lm, mimi), a, &r, nodes, first, rates);
+                    out.profiles.push(p);
+                }
+                out.rows.push(r);
             }
             Err(why) => {
                 println!("graphs {graphs}  batch {b}: failed: {why}");
-                skips.push(Skip {
+                out.skips.push(Skip {
                     graphs,
                     batch: b,
                     why,
                 });
             }
         }
-        after_each(rows, skips);
+        after_each(out);
     }
 }
 

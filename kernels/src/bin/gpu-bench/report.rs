@@ -3,9 +3,12 @@
 
 use crate::args::Args;
 use crate::measure::{Row, Skip};
+use crate::profile::{markdown, rates_json, to_json, ProfileRow};
 use crate::FRAME_MS;
 use moshid_kernels::plan::KvDtype;
+use moshid_kernels::profile::roofline::Rates;
 use moshid_model::config::LmConfig;
+use std::path::PathBuf;
 
 /// `YYYY-MM-DD` and `HH:MM:SSZ` (UTC) of now.
 fn utc_now() -> (String, String) {
@@ -68,11 +71,7 @@ pub(crate) fn report(
             a.warmup + a.steps
         )
     };
-    let kv = match a.kv {
-        KvDtype::Bf16 => "bf16",
-        KvDtype::Fp8E4m3 => "fp8",
-        KvDtype::F32 => "f32",
-    };
+    let kv = kv_name(a.kv);
     let precision = if a.f32_weights { "f32" } else { "bf16" };
     let mut md = format!(
         "# gpu-bench: {} on {gpu}\n\n{date} {time}; random weights of the {} shapes (dim {}, {} layers, \
@@ -156,7 +155,11 @@ pub(crate) fn report(
         "summary": best,
     });
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
-    let stem = format!("gpu-bench-{}-kv{kv}", model);
+    let stem = if a.contexts.len() > 1 {
+        format!("gpu-bench-{model}-kv{kv}-ctx{}", lm.context)
+    } else {
+        format!("gpu-bench-{model}-kv{kv}")
+    };
     let jp = a.out.join(format!("{stem}.json"));
     let mp = a.out.join(format!("{stem}.md"));
     let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
@@ -166,6 +169,76 @@ pub(crate) fn report(
         println!("wrote {} and {}", jp.display(), mp.display());
     }
     Ok(())
+}
+
+fn kv_name(kv: KvDtype) -> &'static str {
+    match kv {
+        KvDtype::Bf16 => "bf16",
+        KvDtype::Fp8E4m3 => "fp8",
+        KvDtype::F32 => "f32",
+    }
+}
+
+/// Where the profile goes: `--json`, or `--out`/gpu-profile-MODEL-kvKV.json;
+/// its markdown beside it.
+pub(crate) fn profile_paths(a: &Args, model: &str) -> (PathBuf, PathBuf) {
+    let json = a.json.clone().unwrap_or_else(|| {
+        a.out
+            .join(format!("gpu-profile-{model}-kv{}.json", kv_name(a.kv)))
+    });
+    (json.clone(), json.with_extension("md"))
+}
+
+/// Writes the profile of every batch so far (`--profile`).
+pub(crate) fn write_profile(
+    a: &Args,
+    model: &str,
+    lm: &LmConfig,
+    gpu: &str,
+    rates: &Rates,
+    profiles: &[ProfileRow],
+) -> Result<(PathBuf, PathBuf), String> {
+    let (date, time) = utc_now();
+    let kv = kv_name(a.kv);
+    let precision = if a.f32_weights { "f32" } else { "bf16" };
+    let json = serde_json::json!({
+        "tool": "gpu-bench --profile",
+        "gpu": gpu,
+        "date": date,
+        "time_utc": time,
+        "model": model,
+        "shape": {"dim": lm.dim, "num_layers": lm.num_layers, "num_heads": lm.num_heads,
+                  "n_q": lm.n_q, "dep_q": lm.dep_q},
+        "precision": precision,
+        "kv": kv,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "profile_steps": a.profile_steps,
+        "full_context": a.full_context,
+        "rates": rates_json(rates),
+        "profiles": profiles.iter().map(to_json).collect::<Vec<_>>(),
+    });
+    let mut md = format!(
+        "# gpu-bench --profile: {model} on {gpu}\n\n{date} {time}; {precision} weights, KV {kv}; \
+         rates measured in this run: device memory {:.0} GB/s, host link {:.1} GB/s, bf16 GEMM {:.0} TFLOP/s, \
+         f32 GEMM {:.1} TFLOP/s.\n\n",
+        rates.hbm_bytes_per_s / 1e9,
+        rates.host_bytes_per_s / 1e9,
+        rates.bf16_flops_per_s / 1e12,
+        rates.f32_flops_per_s / 1e12,
+    );
+    for p in profiles {
+        md.push_str(&markdown(p));
+        md.push('\n');
+    }
+    let (jp, mp) = profile_paths(a, model);
+    if let Some(dir) = jp.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    std::fs::write(&jp, text + "\n").map_err(|e| format!("{}: {e}", jp.display()))?;
+    std::fs::write(&mp, md).map_err(|e| format!("{}: {e}", mp.display()))?;
+    Ok((jp, mp))
 }
 
 #[cfg(test)]

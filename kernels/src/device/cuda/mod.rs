@@ -66,7 +66,8 @@
 //! library symbols checked at open), `memory.rs` (allocations, pinned host
 //! buffers, copies and fills, range checks), `args.rs` (argument packing and
 //! PTX `.entry` parsing), `launch.rs` (the kernel table and launches),
-//! `cublas.rs` (the cuBLAS handle and its workspace), `cublas_args.rs` (the
+//! `cublas.rs` (the cuBLAS handle and its workspace), `events.rs` (timing
+//! events for the profiler), `cublas_args.rs` (the
 //! pure translation of a row-major GEMM into `cublasGemmEx` arguments,
 //! checked on the CPU), `debug.rs` (the debug-sync mode that names a failing
 //! kernel), `capture.rs` (graph capture, instantiation and launch).
@@ -80,6 +81,7 @@ mod capture;
 mod cublas;
 pub mod cublas_args;
 mod debug;
+mod events;
 #[cfg(test)]
 mod gpu_test;
 mod launch;
@@ -88,7 +90,9 @@ mod symbols;
 
 pub use args::{entry_params, PackedArgs, MAX_ARGS};
 
-use super::{Arg, DevPtr, Device, DeviceError, DeviceResult, Gemm, GraphId, HostBuf, KernelId};
+use super::{
+    Arg, DevPtr, Device, DeviceError, DeviceResult, EventId, Gemm, GraphId, HostBuf, KernelId,
+};
 use crate::compile::Arch;
 use calls::{bind_for_cleanup, call, guarded};
 use cudarc::cublas::sys as blas;
@@ -168,10 +172,16 @@ pub struct CudaDevice {
     allocs: Vec<Alloc>,
     host: Vec<HostRecord>,
     graphs: Vec<sys::CUgraphExec>,
+    /// Nodes of each captured graph (before instantiation).
+    graph_nodes: Vec<usize>,
+    /// Timing events (`events.rs`).
+    events: Vec<sys::CUevent>,
     capturing: bool,
     name: String,
     arch: Arch,
     capability: (u32, u32),
+    /// Multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`).
+    sms: usize,
     driver_version: i32,
     debug_sync: bool,
     /// How each module was loaded (SASS, or PTX and why), one line each.
@@ -216,6 +226,10 @@ impl CudaDevice {
         let (major, minor) = call("cuDeviceGetAttribute", || ctx.compute_capability())?;
         let capability = (major.max(0) as u32, minor.max(0) as u32);
         let gpu = call("cuDeviceGetName", || ctx.name())?;
+        let sms = call("cuDeviceGetAttribute", || {
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        })?
+        .max(1) as usize;
         let arch = Arch::from_compute_capability(capability.0, capability.1)?;
         let stream = call("cuStreamCreate", || ctx.new_stream())?;
         let mut dev = CudaDevice {
@@ -227,10 +241,13 @@ impl CudaDevice {
             allocs: Vec::new(),
             host: Vec::new(),
             graphs: Vec::new(),
+            graph_nodes: Vec::new(),
+            events: Vec::new(),
             capturing: false,
             name: format!("{gpu} (sm_{}{})", capability.0, capability.1),
             arch,
             capability,
+            sms,
             driver_version,
             debug_sync: opts.debug_sync,
             load_report: Vec::new(),
@@ -298,6 +315,7 @@ impl CudaDevice {
             for exec in self.graphs.drain(..) {
                 let _ = cudarc::driver::result::graph::exec_destroy(exec);
             }
+            self.destroy_events();
             if !self.blas.is_null() {
                 let _ = cudarc::cublas::result::destroy_handle(self.blas);
                 self.blas = std::ptr::null_mut();
@@ -437,6 +455,27 @@ impl Device for CudaDevice {
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()> {
         let r = self.launch_graph_inner(graph);
         self.checked(r)
+    }
+
+    fn event_create(&mut self) -> DeviceResult<EventId> {
+        self.event_create_inner()
+    }
+
+    fn event_record(&mut self, event: EventId) -> DeviceResult<()> {
+        let r = self.event_record_inner(event);
+        self.checked(r)
+    }
+
+    fn event_elapsed_ms(&mut self, start: EventId, end: EventId) -> DeviceResult<f32> {
+        self.event_elapsed_inner(start, end)
+    }
+
+    fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
+        self.graph_nodes.get(graph.0 as usize).copied()
+    }
+
+    fn multiprocessors(&self) -> usize {
+        self.sms
     }
 }
 

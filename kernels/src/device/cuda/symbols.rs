@@ -41,6 +41,11 @@ pub(super) const DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphLaunch",
     "cuGraphExecDestroy",
     "cuGraphDestroy",
+    "cuGraphGetNodes",
+    "cuEventCreate",
+    "cuEventRecordWithFlags",
+    "cuEventElapsedTime",
+    "cuEventDestroy_v2",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

@@ -44,6 +44,10 @@
 //!   with f32 accumulation (bf16 operands widened, a bf16 C rounded to
 //!   nearest even), C never read when beta is 0.
 //! - Shared memory is poisoned at the start of every block (`cuda_emu.h`).
+//! - Timing events are stream operations like the rest (recorded into a
+//!   graph while capturing, run in order): each holds the host clock of the
+//!   moment the stream reached it; elapsed times are read only with nothing
+//!   pending (as CUDA's "not ready").
 //! - The device is `Send`: the scheduler's state (fiber stacks, `__shared__`
 //!   variables) is per OS thread, so devices on different threads, tests
 //!   running in parallel included, never share it.
@@ -63,8 +67,8 @@ mod ops;
 pub use launch::{kernel_names, Order};
 
 use super::{
-    check_gemm, Arg, DevPtr, Device, DeviceError, DeviceResult, Gemm, GraphId, HostAlloc, HostBuf,
-    KernelId,
+    check_gemm, Arg, DevPtr, Device, DeviceError, DeviceResult, EventId, Gemm, GraphId, HostAlloc,
+    HostBuf, KernelId,
 };
 use launch::table;
 use ops::{capture_error, Op};
@@ -150,6 +154,8 @@ pub struct EmuDevice {
     /// synchronisation (see [`EmuDevice::set_deferred`]).
     deferred: bool,
     pending: Vec<Op>,
+    /// Timing events: when the stream last reached each (host clock).
+    events: Vec<Option<std::time::Instant>>,
 }
 
 impl Default for EmuDevice {
@@ -180,6 +186,7 @@ impl EmuDevice {
             gemm_scratch: Vec::new(),
             deferred: false,
             pending: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -425,6 +432,49 @@ impl Device for EmuDevice {
             .ok_or_else(|| capture_error("end_capture without begin_capture"))?;
         self.graphs.push(ops.into());
         Ok(GraphId(self.graphs.len() as u32 - 1))
+    }
+
+    fn event_create(&mut self) -> DeviceResult<EventId> {
+        self.not_capturing("event_create")?;
+        self.events.push(None);
+        Ok(EventId(self.events.len() as u32 - 1))
+    }
+
+    fn event_record(&mut self, event: EventId) -> DeviceResult<()> {
+        let op = if (event.0 as usize) < self.events.len() {
+            Ok(Op::Event(event.0))
+        } else {
+            Err(DeviceError::shape(
+                "event_record",
+                format!("no event #{}", event.0),
+            ))
+        };
+        self.checked(op)
+    }
+
+    fn event_elapsed_ms(&mut self, start: EventId, end: EventId) -> DeviceResult<f32> {
+        self.faulted()?;
+        let at = |e: EventId| self.events.get(e.0 as usize).copied().flatten();
+        match (at(start), at(end)) {
+            // As CUDA's "not ready": queued work may still re-record them.
+            _ if !self.pending.is_empty() => Err(DeviceError::Call {
+                call: "event_elapsed_ms",
+                why: "work is pending: synchronize first".into(),
+            }),
+            (Some(a), Some(b)) => Ok(if b >= a {
+                (b - a).as_secs_f32() * 1e3
+            } else {
+                -((a - b).as_secs_f32() * 1e3)
+            }),
+            _ => Err(DeviceError::Call {
+                call: "event_elapsed_ms",
+                why: format!("event #{} or #{} was never recorded", start.0, end.0),
+            }),
+        }
+    }
+
+    fn graph_nodes(&self, graph: GraphId) -> Option<usize> {
+        self.graphs.get(graph.0 as usize).map(|ops| ops.len())
     }
 
     fn launch_graph(&mut self, graph: GraphId) -> DeviceResult<()> {

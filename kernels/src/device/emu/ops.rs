@@ -43,6 +43,8 @@ pub(super) enum Op {
     },
     Gemm(Gemm),
     Graph(u32),
+    /// A timing event: the host clock when the stream reaches it.
+    Event(u32),
 }
 
 /// Fills `bytes` bytes at `dst` with the garbage pattern of the emulator's
@@ -143,6 +145,7 @@ impl EmuDevice {
                 unsafe { std::ptr::write_bytes(dst as *mut u8, 0, bytes) }
             }
             Op::Gemm(g) => gemm(&g, &mut self.gemm_scratch),
+            Op::Event(id) => self.events[id as usize] = Some(std::time::Instant::now()),
             Op::Graph(id) => {
                 let ops = self.graphs[id as usize].clone();
                 for op in ops.iter() {

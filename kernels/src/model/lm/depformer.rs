@@ -20,8 +20,9 @@ use super::super::GpuError;
 use super::proj::{project, ProjIn};
 use super::stack::{Stack, StackScratch};
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult};
+use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases};
 use crate::ops::attention::KvType;
+use crate::ops::embed::{TokenCache, TokenCacheShape};
 use crate::ops::sampling::SampleArgs;
 use moshid_model::config::{LmConfig, NormKind};
 
@@ -153,6 +154,7 @@ impl Depformer {
             act,
             kv,
             max_rows,
+            StackPhases::DEPFORMER,
         )?
         .with_short_attention();
         let mut norms = Vec::new();
@@ -221,12 +223,14 @@ impl Depformer {
         text: DevPtr,
         audio: DevPtr,
         sc: &StackScratch,
+        force: (&TokenCache, &TokenCacheShape),
     ) -> DeviceResult<()> {
         let (d, act) = (self.dim, self.act);
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
             project(
                 dev,
                 k,
+                StackPhases::DEPFORMER.into(),
                 ProjIn::Act(tout),
                 act,
                 rows,
@@ -244,6 +248,7 @@ impl Depformer {
                     self.dep_q,
                 )
             };
+            dev.phase(Phase::DepSmall);
             match &emb.low_rank {
                 None => k.embed.add_rows(
                     dev,
@@ -271,6 +276,7 @@ impl Depformer {
                     project(
                         dev,
                         k,
+                        StackPhases::DEPFORMER.into(),
                         ProjIn::Act(self.low_rank_tmp),
                         act,
                         rows,
@@ -283,6 +289,7 @@ impl Depformer {
             }
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
+            dev.phase(Phase::DepSmall);
             let head_in = match self.norms.get(step) {
                 Some(n) if n.kind.is_layer_norm() => {
                     k.norm.layer_norm_to(
@@ -310,6 +317,7 @@ impl Depformer {
             project(
                 dev,
                 k,
+                StackPhases::DEPFORMER.into(),
                 head_in,
                 act,
                 rows,
@@ -318,6 +326,7 @@ impl Depformer {
                 false,
                 self.x_act,
             )?;
+            dev.phase(Phase::DepSample);
             k.sample.sample(
                 dev,
                 &SampleArgs {
@@ -329,6 +338,18 @@ impl Depformer {
                     out_stride: self.dep_q,
                     ..sample
                 },
+            )?;
+            // PersonaPlex: a forced codebook feeds its target onwards.
+            let (tc, sh) = force;
+            k.embed.force(
+                dev,
+                tc,
+                sh,
+                sample.steps,
+                sample.n_steps,
+                1 + step,
+                audio + 4 * step as u64,
+                self.dep_q,
             )?;
         }
         Ok(())

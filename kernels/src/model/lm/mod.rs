@@ -22,13 +22,14 @@
 //! [`GpuLm::load`].
 
 mod depformer;
+pub mod prefill;
 mod proj;
 mod stack;
 
 use super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::GpuError;
 use crate::device::as_bytes;
-use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
+use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases, NULL};
 use crate::ops::attention::{AttnKernels, KvType};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
@@ -36,6 +37,7 @@ use crate::ops::gemv::GemvKernels;
 use crate::ops::norm::NormKernels;
 use crate::ops::sampling::{SampleArgs, SampleKernels};
 use crate::ops::short_attn::ShortAttnKernels;
+use crate::ops::text_rules::{TextRulesKernels, TextRulesParams, TextRulesState};
 use crate::ops::types::SlotParams;
 use depformer::Depformer;
 use moshid_model::config::{LmConfig, ModelType};
@@ -59,6 +61,8 @@ pub struct LmKernels {
     pub gemv: GemvKernels,
     /// The depformer's one-launch attention.
     pub short: ShortAttnKernels,
+    /// Kyutai's text rules.
+    pub rules: TextRulesKernels,
 }
 
 impl LmKernels {
@@ -72,6 +76,7 @@ impl LmKernels {
             sample: SampleKernels::resolve(dev)?,
             gemv: GemvKernels::resolve(dev)?,
             short: ShortAttnKernels::resolve(dev)?,
+            rules: TextRulesKernels::resolve(dev)?,
         })
     }
 }
@@ -137,6 +142,10 @@ pub struct GpuLm {
     text: DevPtr,
     audio: DevPtr,
     scratch: StackScratch,
+    /// Kyutai's text rules per slot.
+    rules: TextRulesState,
+    /// Prefill buffers (models with a prompt prefill only).
+    prefill: Option<prefill::PrefillBufs>,
     host_cond: Vec<f32>,
     host_tmp: Vec<f32>,
     memory: LmMemory,
@@ -213,6 +222,7 @@ impl GpuLm {
             act,
             kv,
             cache_rows,
+            StackPhases::TEMPORAL,
         )?;
         let out_norm = w
             .tensor(dev, "out_norm.alpha", &[1, 1, dim], DType::F32, Init::Ones)?
@@ -225,9 +235,13 @@ impl GpuLm {
             Init::Linear,
         )?;
         let depformer = Depformer::load(dev, w, cfg, act, max_rows)?;
+        for spec in moshid_model::lm::Lm::tensor_specs_unused(cfg) {
+            w.skip(&spec.name, &spec.shape)?;
+        }
         let weights = w.bytes() - before;
         let k = cfg.num_codebooks();
-        let ring = cfg.max_delay() + 2;
+        let lag = usize::from(cfg.model_type == ModelType::PersonaPlex);
+        let ring = cfg.max_delay() + 2 + lag;
         let delays: Vec<i32> = cfg.delays.iter().map(|&d| d as i32).collect();
         let delays_ptr = dev.alloc(delays.len() * 4)?;
         dev.upload(delays_ptr, as_bytes(&delays))?;
@@ -235,6 +249,11 @@ impl GpuLm {
             cache: dev.alloc(max_slots * k * ring * 4)?,
             offset: dev.alloc(max_slots * 4)?,
             delays: delays_ptr,
+            forced: if lag > 0 {
+                dev.alloc(max_slots * k * ring * 4)?
+            } else {
+                NULL
+            },
         };
         let tc_shape = TokenCacheShape {
             codebooks: k,
@@ -244,6 +263,7 @@ impl GpuLm {
             card,
             text_card: cfg.text_card,
             max_delay: cfg.max_delay(),
+            lag,
         };
         let cond = if conditioning.is_empty() {
             NULL
@@ -261,7 +281,25 @@ impl GpuLm {
             weights,
             kv_per_slot: temporal.kv_bytes() / max_slots.max(1),
         };
+        let prefill = if moshid_model::lm::prefill_headroom(cfg) > 0 {
+            Some(prefill::PrefillBufs::new(dev, temporal.shape(), k, act)?)
+        } else {
+            None
+        };
+        let cap = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+        let rules = TextRulesState {
+            rules: dev.alloc(max_slots * std::mem::size_of::<TextRulesParams>())?,
+            hist: dev.alloc(max_slots * cap * 4)?,
+            hist_n: dev.alloc(max_slots * 4)?,
+            cap,
+            seen: dev.alloc(max_slots * cfg.text_card)?,
+            pad: cfg.existing_text_padding_id,
+            start: cfg.text_card as u32,
+        };
+        dev.memset_zero(rules.seen, max_slots * cfg.text_card)?;
         let mut lm = GpuLm {
+            rules,
+            prefill,
             act,
             rps,
             max_slots,
@@ -358,10 +396,21 @@ impl GpuLm {
         };
         let psize = std::mem::size_of::<SlotParams>();
         dev.upload(self.params + (slot * psize) as u64, as_bytes(&[p]))?;
+        let r = TextRulesParams {
+            pad_bonus: setup.rules.pad_bonus,
+            context: setup.rules.repetition.map_or(0, |(c, _)| clamp(c)),
+            penalty: setup.rules.repetition.map_or(1.0, |(_, p)| p),
+        };
+        let rsize = std::mem::size_of::<TextRulesParams>();
+        dev.upload(self.rules.rules + (slot * rsize) as u64, as_bytes(&[r]))?;
+        dev.memset_zero(self.rules.hist_n + (slot * 4) as u64, 4)?;
         let rng = crate::rng::seed_state(setup.seed);
         dev.upload(self.rng + (slot * 32) as u64, as_bytes(&rng))?;
         let per_slot = self.tc_shape.codebooks * self.tc_shape.ring * 4;
         dev.memset_zero(self.tc.cache + (slot * per_slot) as u64, per_slot)?;
+        if self.tc.forced != NULL {
+            dev.memset_zero(self.tc.forced + (slot * per_slot) as u64, per_slot)?;
+        }
         dev.memset_zero(self.tc.offset + (slot * 4) as u64, 4)?;
         Ok(Ok(setup.cfg_coef.is_some()))
     }
@@ -392,6 +441,7 @@ impl GpuLm {
         let (dim, act) = (cfg.dim, self.act);
         let rows = bucket * self.rps;
         debug_assert!(rows <= self.max_rows);
+        dev.phase(Phase::LmSmall);
         k.embed.cache_in(
             dev,
             &self.tc,
@@ -417,6 +467,7 @@ impl GpuLm {
         )?;
         self.temporal
             .forward(dev, k, 0, rows, self.x, io.rows, &self.scratch)?;
+        dev.phase(Phase::LmSmall);
         k.norm.rms_norm(
             dev,
             self.x,
@@ -431,6 +482,10 @@ impl GpuLm {
         proj::project(
             dev,
             k,
+            proj::ProjPhases {
+                input: Phase::LmSmall,
+                product: Phase::LmHead,
+            },
             proj::ProjIn::Act(self.tout),
             act,
             rows,
@@ -451,7 +506,29 @@ impl GpuLm {
             out: self.text,
             out_stride: 1,
         };
+        dev.phase(Phase::LmSample);
+        k.rules.apply(
+            dev,
+            &self.rules,
+            io.steps,
+            bucket,
+            self.text_logits,
+            cfg.text_card,
+            cfg.text_card,
+        )?;
         k.sample.sample(dev, &text_args)?;
+        k.embed.force(
+            dev,
+            &self.tc,
+            &self.tc_shape,
+            io.steps,
+            bucket,
+            0,
+            self.text,
+            1,
+        )?;
+        k.rules
+            .push(dev, &self.rules, io.steps, bucket, self.text)?;
         self.depformer.run(
             dev,
             k,
@@ -462,7 +539,9 @@ impl GpuLm {
             self.text,
             self.audio,
             &self.scratch,
+            (&self.tc, &self.tc_shape),
         )?;
+        dev.phase(Phase::LmSmall);
         k.embed.cache_out(
             dev,
             &self.tc,

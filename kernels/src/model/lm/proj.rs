@@ -9,10 +9,14 @@
 //! staging buffer and cuBLAS multiplies, as before. Both give the GEMM the
 //! same input bits (gemv.cu's header). A call's launches depend only on the
 //! row count (capturable).
+//!
+//! Profile phases: a call marks its own sections ([`ProjPhases`]) — the
+//! input's kernel on the cuBLAS path under one, the product (a fused launch
+//! included) under the other.
 
 use super::super::tensor::{linear, DevTensor};
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult};
+use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases};
 use crate::ops::gemv::{GemvCall, GemvInput, GemvKernels};
 
 /// What a projection reads.
@@ -34,13 +38,33 @@ pub(super) enum ProjIn {
     Silu(DevPtr),
 }
 
+/// The profile's phases of a projection's launches.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProjPhases {
+    /// The input's own kernel (norm, gate, cast) on the cuBLAS path.
+    pub input: Phase,
+    /// The product, and the fused launch that computes its input too.
+    pub product: Phase,
+}
+
+impl From<StackPhases> for ProjPhases {
+    fn from(p: StackPhases) -> Self {
+        ProjPhases {
+            input: p.small,
+            product: p.gemm,
+        }
+    }
+}
+
 /// `y` (`[rows][w.rows]` f32) = (or += when `accumulate`) `input · wᵀ`, the
 /// activation in `act`; `staging` (`[rows][w.cols]` of `act`) takes the
-/// input on the cuBLAS path when it is not stored already.
+/// input on the cuBLAS path when it is not stored already; the launches are
+/// marked with `phases`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn project<D: Device + ?Sized>(
     dev: &mut D,
     k: &LmKernels,
+    phases: ProjPhases,
     input: ProjIn,
     act: DType,
     rows: usize,
@@ -50,6 +74,7 @@ pub(super) fn project<D: Device + ?Sized>(
     staging: DevPtr,
 ) -> DeviceResult<()> {
     if GemvKernels::takes(rows, w.cols) {
+        dev.phase(phases.product);
         let (x, input) = match input {
             ProjIn::Act(x) => (x, GemvInput::Plain),
             ProjIn::Cast(x) => (x, GemvInput::Cast),
@@ -76,6 +101,9 @@ pub(super) fn project<D: Device + ?Sized>(
             },
         );
     }
+    if !matches!(input, ProjIn::Act(_)) {
+        dev.phase(phases.input);
+    }
     let x = match input {
         ProjIn::Act(x) => x,
         ProjIn::Cast(x) if act == DType::F32 => x,
@@ -98,5 +126,6 @@ pub(super) fn project<D: Device + ?Sized>(
             staging
         }
     };
+    dev.phase(phases.product);
     linear(dev, x, act, rows, w, y, DType::F32, accumulate)
 }

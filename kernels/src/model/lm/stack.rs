@@ -23,8 +23,8 @@ use super::super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
 use super::proj::{project, ProjIn};
 use super::LmKernels;
-use crate::device::{DType, DevPtr, Device, DeviceResult, NULL};
-use crate::ops::attention::{AttnShape, KvType};
+use crate::device::{DType, DevPtr, Device, DeviceResult, StackPhases, NULL};
+use crate::ops::attention::{attn_partial_floats, attn_splits, AttnShape, KvType};
 use crate::ops::short_attn::ShortAttnKernels;
 pub use moshid_model::lm::StackShape;
 
@@ -84,13 +84,21 @@ pub struct Stack {
     kv_bytes: usize,
     /// RoPE, KV write and attention in one launch (short_attn.cu).
     short: bool,
+    /// The profile's phases of this stack's calls.
+    phases: StackPhases,
+    /// The device's multiprocessors (the attention's splits).
+    sms: usize,
+    /// f32 partial results of split attention, for the largest call.
+    partial: DevPtr,
 }
 
 impl Stack {
     /// Loads the stack under `prefix` (`transformer`, `depformer`) with the
     /// tensor names of the official checkpoints (split attention names, as
     /// the checkpoint reader presents them), weights and activations in
-    /// `act`, and KV caches of `kv` for `cache_rows` rows.
+    /// `act`, and KV caches of `kv` for `cache_rows` rows; its calls are
+    /// marked with `phases`.
+    #[allow(clippy::too_many_arguments)]
     pub fn load<D: Device + ?Sized>(
         dev: &mut D,
         w: &mut WeightLoader<'_>,
@@ -99,6 +107,7 @@ impl Stack {
         act: DType,
         kv: KvType,
         cache_rows: usize,
+        phases: StackPhases,
     ) -> Result<Stack, GpuError> {
         let (d, hid) = (shape.dim, shape.hidden);
         let mut layers = Vec::with_capacity(shape.layers);
@@ -166,6 +175,8 @@ impl Stack {
                 v_cache: dev.alloc(kv_elems * kv.bytes())?,
             });
         }
+        let sms = dev.multiprocessors();
+        let partial = split_partials(dev, &shape, cache_rows, sms)?;
         let freqs = match shape.rope {
             Some(rope) => {
                 let hd = shape.head_dim();
@@ -185,6 +196,9 @@ impl Stack {
             kv,
             act,
             short: false,
+            phases,
+            sms,
+            partial,
         })
     }
 
@@ -193,22 +207,9 @@ impl Stack {
     /// most [`SA_MAX_KEYS`](crate::ops::short_attn::SA_MAX_KEYS) of them
     /// (the depformer); unchanged when the kernel does not take its shape.
     pub fn with_short_attention(mut self) -> Self {
-        let s = self.attn_shape(1);
+        let s = attn_shape(&self.shape, 1);
         self.short = ShortAttnKernels::takes(&s, self.kv);
         self
-    }
-
-    fn attn_shape(&self, rows: usize) -> AttnShape {
-        let sh = &self.shape;
-        AttnShape {
-            dim: sh.dim,
-            heads: sh.heads,
-            kv_heads: sh.kv_heads,
-            rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
-            capacity: sh.capacity,
-            context: sh.context,
-            rows,
-        }
     }
 
     /// The shape.
@@ -219,6 +220,49 @@ impl Stack {
     /// Device bytes of the KV caches.
     pub fn kv_bytes(&self) -> usize {
         self.kv_bytes
+    }
+
+    /// Bytes of one position's keys (or values) in one layer.
+    pub fn kv_position_bytes(&self) -> usize {
+        self.shape.kv_dim() * self.kv.bytes()
+    }
+
+    /// Copies positions `first..end` of cache row `row` out of (`read`) or
+    /// into the KV caches, to or from `host` (`[layers][2][positions]`
+    /// position records), as at most two ring segments per cache.
+    pub fn copy_positions<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        row: usize,
+        first: usize,
+        end: usize,
+        host: &mut [u8],
+        read: bool,
+    ) -> DeviceResult<()> {
+        let cap = self.shape.capacity;
+        let pb = self.kv_position_bytes();
+        let n = end - first;
+        let mut at = 0;
+        for layer in &self.layers {
+            for cache in [layer.k_cache, layer.v_cache] {
+                let mut p = first;
+                while p < end {
+                    let idx = p % cap;
+                    let run = (cap - idx).min(end - p);
+                    let dptr = cache + ((row * cap + idx) * pb) as u64;
+                    let h = &mut host[at..at + run * pb];
+                    if read {
+                        dev.download(dptr, h)?;
+                    } else {
+                        dev.upload(dptr, h)?;
+                    }
+                    at += run * pb;
+                    p += run;
+                }
+            }
+        }
+        debug_assert_eq!(at, 2 * self.layers.len() * n * pb);
+        Ok(())
     }
 
     /// Runs the stack in place on `x` (`[rows][dim]` f32) with weight set
@@ -235,8 +279,9 @@ impl Stack {
         sc: &StackScratch,
     ) -> DeviceResult<()> {
         let sh = &self.shape;
-        let act = self.act;
-        let attn_shape = self.attn_shape(rows);
+        let attn_shape = attn_shape(sh, rows);
+        let splits = attn_splits(&attn_shape, sh.context, self.sms);
+        let ph = self.phases;
         for layer in &self.layers {
             let w = &layer.sets[set];
             let norm = |alpha| ProjIn::Rms {
@@ -245,86 +290,100 @@ impl Stack {
                 eps: sh.eps,
                 rows: row_info,
             };
-            project(
-                dev,
-                k,
-                norm(layer.norm1),
-                act,
-                rows,
-                &w.in_proj,
-                sc.qkv,
-                false,
-                sc.h,
-            )?;
-            if self.short {
-                k.short.attend(
+            let proj = |dev: &mut D, input: ProjIn, w: &DevTensor, y, accumulate, staging| {
+                project(
                     dev,
-                    self.kv,
-                    sc.qkv,
-                    self.freqs,
-                    row_info,
-                    layer.k_cache,
-                    layer.v_cache,
-                    &attn_shape,
-                    sc.attn,
-                )?;
-            } else {
-                k.attn.rope_kv_write(
-                    dev,
-                    self.kv,
-                    sc.qkv,
-                    self.freqs,
-                    row_info,
-                    layer.k_cache,
-                    layer.v_cache,
-                    &attn_shape,
-                )?;
-                k.attn.attend(
-                    dev,
-                    self.kv,
-                    act,
-                    sc.qkv,
-                    layer.k_cache,
-                    layer.v_cache,
-                    row_info,
-                    &attn_shape,
-                    sc.attn,
-                )?;
-            }
-            project(
-                dev,
-                k,
-                ProjIn::Act(sc.attn),
-                act,
-                rows,
-                &w.out_proj,
-                x,
-                true,
-                sc.h,
-            )?;
-            project(
-                dev,
-                k,
-                norm(layer.norm2),
-                act,
-                rows,
-                &w.ff_in,
-                sc.ff,
-                false,
-                sc.h,
-            )?;
-            project(
-                dev,
-                k,
-                ProjIn::Silu(sc.ff),
-                act,
-                rows,
-                &w.ff_out,
-                x,
-                true,
-                sc.act,
-            )?;
+                    k,
+                    ph.into(),
+                    input,
+                    self.act,
+                    rows,
+                    w,
+                    y,
+                    accumulate,
+                    staging,
+                )
+            };
+            proj(dev, norm(layer.norm1), &w.in_proj, sc.qkv, false, sc.h)?;
+            dev.phase(ph.attn);
+            self.attention(dev, k, layer, row_info, &attn_shape, splits, sc)?;
+            proj(dev, ProjIn::Act(sc.attn), &w.out_proj, x, true, sc.h)?;
+            proj(dev, norm(layer.norm2), &w.ff_in, sc.ff, false, sc.h)?;
+            proj(dev, ProjIn::Silu(sc.ff), &w.ff_out, x, true, sc.act)?;
         }
         Ok(())
     }
+
+    /// One layer's RoPE, KV write and attention of `sc.qkv` into `sc.attn`:
+    /// one short_attn launch for a stack made with
+    /// [`Stack::with_short_attention`], else the KV write and the split
+    /// attention (`splits` blocks a row, partials in `self.partial`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        layer: &Layer,
+        row_info: DevPtr,
+        attn_shape: &AttnShape,
+        splits: usize,
+        sc: &StackScratch,
+    ) -> DeviceResult<()> {
+        let caches = (layer.k_cache, layer.v_cache);
+        if self.short {
+            return k.short.attend(
+                dev, self.kv, sc.qkv, self.freqs, row_info, caches.0, caches.1, attn_shape, sc.attn,
+            );
+        }
+        k.attn.rope_kv_write(
+            dev, self.kv, sc.qkv, self.freqs, row_info, caches.0, caches.1, attn_shape,
+        )?;
+        k.attn.attend_split(
+            dev,
+            self.kv,
+            self.act,
+            sc.qkv,
+            (caches.0, caches.1, row_info),
+            attn_shape,
+            (splits, self.partial),
+            sc.attn,
+        )
+    }
+}
+
+/// The attention shape of a call of `rows` rows of stack `sh`.
+fn attn_shape(sh: &StackShape, rows: usize) -> AttnShape {
+    AttnShape {
+        dim: sh.dim,
+        heads: sh.heads,
+        kv_heads: sh.kv_heads,
+        rope_interleaved: sh.rope.is_none_or(|r| r.interleaved),
+        capacity: sh.capacity,
+        context: sh.context,
+        rows,
+    }
+}
+
+/// Checks the attention's shape (head width) at load and allocates the
+/// partial results of its largest split call of up to `max_rows` rows on a
+/// device of `sms` multiprocessors (NULL when no call splits).
+fn split_partials<D: Device + ?Sized>(
+    dev: &mut D,
+    shape: &StackShape,
+    max_rows: usize,
+    sms: usize,
+) -> Result<DevPtr, GpuError> {
+    attn_shape(shape, 1).head_dim()?;
+    let floats = (1..=max_rows.max(1))
+        .map(|r| {
+            let s = attn_shape(shape, r);
+            attn_partial_floats(&s, attn_splits(&s, shape.context, sms))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(if floats > 0 {
+        scratch(dev, floats, DType::F32)?
+    } else {
+        NULL
+    })
 }

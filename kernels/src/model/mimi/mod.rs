@@ -37,8 +37,8 @@ mod transformer;
 mod weights;
 
 use super::GpuError;
-use crate::device::{DevPtr, Device, DeviceError, DeviceResult};
-use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM};
+use crate::device::{DevPtr, Device, DeviceError, DeviceResult, Phase};
+use crate::ops::attention::{AttnKernels, ATT_MAX_HEAD_DIM, ATT_VEC};
 use crate::ops::conv::{ConvKernels, ConvShape, ConvTrShape};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::norm::NormKernels;
@@ -132,9 +132,9 @@ impl Skeleton {
             ));
         }
         let hd = tr.d_model / tr.num_heads;
-        if !hd.is_multiple_of(2) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
+        if !hd.is_multiple_of(ATT_VEC) || hd > ATT_MAX_HEAD_DIM || tr.context == 0 {
             return Err(GpuError::Unsupported(format!(
-                "transformer head width {hd} (even, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
+                "transformer head width {hd} (a multiple of {ATT_VEC}, ≤ {ATT_MAX_HEAD_DIM}) and context {}",
                 tr.context
             )));
         }
@@ -419,13 +419,16 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let fs = self.frame_samples;
+        dev.phase(Phase::MimiEncSeanet);
         let h = self
             .encoder
             .forward(dev, &k.conv, &k.ew, rows, fs, steps, pcm, None, sb)?;
+        dev.phase(Phase::MimiEncXfmr);
         self.encoder_transformer
             .forward(dev, k, rows, self.stride, steps, h, &self.tr_bufs)?;
         let latent = match &self.downsample {
             Some(d) => {
+                dev.phase(Phase::MimiEncSeanet);
                 let dst = if h == sb.a { sb.b } else { sb.a };
                 let plain = ConvAct::plain(sb.part);
                 d.forward(dev, &k.conv, rows, self.stride, steps, h, dst, &plain)?;
@@ -433,6 +436,7 @@ impl GpuMimi {
             }
             None => h,
         };
+        dev.phase(Phase::MimiEncRvq);
         self.quantizer.encode(
             dev,
             k,
@@ -464,6 +468,7 @@ impl GpuMimi {
         }
         let (k, sb) = (&self.k, &self.seanet_bufs);
         let latent = sb.b;
+        dev.phase(Phase::MimiDecRvq);
         self.quantizer.decode(
             dev,
             k,
@@ -476,14 +481,17 @@ impl GpuMimi {
         )?;
         let x = match &self.upsample {
             Some(u) => {
+                dev.phase(Phase::MimiDecSeanet);
                 let plain = ConvAct::plain(sb.part);
                 u.forward(dev, &k.conv, rows, 1, steps, latent, sb.a, sb.tail, &plain)?;
                 sb.a
             }
             None => latent,
         };
+        dev.phase(Phase::MimiDecXfmr);
         self.decoder_transformer
             .forward(dev, k, rows, self.stride, steps, x, &self.tr_bufs)?;
+        dev.phase(Phase::MimiDecSeanet);
         let out = self.decoder.forward(
             dev,
             &k.conv,

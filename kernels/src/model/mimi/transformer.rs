@@ -38,13 +38,16 @@ impl RowsKernel {
     }
 
     /// Rows `[n·t]` of `RowInfo` at `rows` for the `n` steps at `steps`,
-    /// advancing `positions` (`[max_slots]` i32) of the active slots by `t`.
+    /// advancing `positions` (`[max_slots]` i32) of the active slots by `t`;
+    /// `label_from_end` for NVIDIA's ring labels (see attention.cu).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch<D: Device + ?Sized>(
         &self,
         dev: &mut D,
         steps: DevPtr,
         n: usize,
         t: usize,
+        label_from_end: bool,
         positions: DevPtr,
         rows: DevPtr,
     ) -> DeviceResult<()> {
@@ -60,6 +63,7 @@ impl RowsKernel {
                 Arg::Ptr(steps),
                 Arg::I32(int(WHAT, n)?),
                 Arg::I32(int(WHAT, t)?),
+                Arg::I32(i32::from(label_from_end)),
                 Arg::Ptr(positions),
                 Arg::Ptr(rows),
             ],
@@ -104,6 +108,8 @@ pub(crate) struct GpuTransformer {
     heads: usize,
     ff: usize,
     context: usize,
+    /// NVIDIA's ring labels (PersonaPlex).
+    label_from_end: bool,
     n_layers: usize,
     layer_scale: bool,
     eps: f32,
@@ -160,6 +166,7 @@ impl GpuTransformer {
             heads: cfg.num_heads,
             ff: cfg.dim_feedforward,
             context: cfg.context,
+            label_from_end: cfg.kv_window == moshid_model::config::KvWindow::ContextMinusOne,
             n_layers: cfg.num_layers,
             layer_scale: cfg.layer_scale.is_some(),
             eps: cfg.norm.eps(),
@@ -271,7 +278,15 @@ impl GpuTransformer {
     ) -> DeviceResult<()> {
         let (d, ff) = (self.d, self.ff);
         let rows = n * t;
-        k.rows.launch(dev, steps, n, t, self.positions, b.rows)?;
+        k.rows.launch(
+            dev,
+            steps,
+            n,
+            t,
+            self.label_from_end,
+            self.positions,
+            b.rows,
+        )?;
         let shape = AttnShape {
             dim: d,
             heads: self.heads,
