@@ -225,7 +225,7 @@ impl Depformer {
         sc: &StackScratch,
         force: (&TokenCache, &TokenCacheShape),
     ) -> DeviceResult<()> {
-        let (d, act) = (self.dim, self.act);
+        let act = self.act;
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
             project(
                 dev,
@@ -239,93 +239,10 @@ impl Depformer {
                 false,
                 tout,
             )?;
-            let (emb, tokens, stride) = if step == 0 {
-                (&self.text_emb, text, 1)
-            } else {
-                (
-                    &self.emb[step - 1],
-                    audio + 4 * (step as u64 - 1),
-                    self.dep_q,
-                )
-            };
-            dev.phase(Phase::DepSmall);
-            match &emb.low_rank {
-                None => k.embed.add_rows(
-                    dev,
-                    act,
-                    self.x,
-                    emb.table.ptr,
-                    row_info,
-                    rows,
-                    tokens,
-                    stride,
-                    d,
-                )?,
-                Some(proj) => {
-                    k.embed.gather_rows(
-                        dev,
-                        act,
-                        self.low_rank_tmp,
-                        emb.table.ptr,
-                        row_info,
-                        rows,
-                        tokens,
-                        stride,
-                        emb.table.cols,
-                    )?;
-                    project(
-                        dev,
-                        k,
-                        StackPhases::DEPFORMER.into(),
-                        ProjIn::Act(self.low_rank_tmp),
-                        act,
-                        rows,
-                        proj,
-                        self.x,
-                        true,
-                        self.low_rank_tmp,
-                    )?;
-                }
-            }
+            self.add_embedding(dev, k, step, rows, row_info, text, audio)?;
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
-            dev.phase(Phase::DepSmall);
-            let head_in = match self.norms.get(step) {
-                Some(n) if n.kind.is_layer_norm() => {
-                    k.norm.layer_norm_to(
-                        dev,
-                        self.x,
-                        n.weight,
-                        n.bias,
-                        n.kind.eps(),
-                        d,
-                        row_info,
-                        rows,
-                        self.x_act,
-                        act,
-                    )?;
-                    ProjIn::Act(self.x_act)
-                }
-                Some(n) => ProjIn::Rms {
-                    x: self.x,
-                    alpha: n.weight,
-                    eps: n.kind.eps(),
-                    rows: row_info,
-                },
-                None => ProjIn::Cast(self.x),
-            };
-            project(
-                dev,
-                k,
-                StackPhases::DEPFORMER.into(),
-                head_in,
-                act,
-                rows,
-                &self.linears[step],
-                self.logits,
-                false,
-                self.x_act,
-            )?;
+            self.head(dev, k, step, rows, row_info)?;
             dev.phase(Phase::DepSample);
             k.sample.sample(
                 dev,
@@ -353,5 +270,122 @@ impl Depformer {
             )?;
         }
         Ok(())
+    }
+
+    /// Adds step `step`'s embedding of the previous token (the text token
+    /// for step 0, else codebook `step - 1`) into `self.x`, through the
+    /// low-rank projection when the checkpoint has one.
+    #[allow(clippy::too_many_arguments)]
+    fn add_embedding<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        step: usize,
+        rows: usize,
+        row_info: DevPtr,
+        text: DevPtr,
+        audio: DevPtr,
+    ) -> DeviceResult<()> {
+        let (d, act) = (self.dim, self.act);
+        let (emb, tokens, stride) = if step == 0 {
+            (&self.text_emb, text, 1)
+        } else {
+            (
+                &self.emb[step - 1],
+                audio + 4 * (step as u64 - 1),
+                self.dep_q,
+            )
+        };
+        dev.phase(Phase::DepSmall);
+        match &emb.low_rank {
+            None => k.embed.add_rows(
+                dev,
+                act,
+                self.x,
+                emb.table.ptr,
+                row_info,
+                rows,
+                tokens,
+                stride,
+                d,
+            )?,
+            Some(proj) => {
+                k.embed.gather_rows(
+                    dev,
+                    act,
+                    self.low_rank_tmp,
+                    emb.table.ptr,
+                    row_info,
+                    rows,
+                    tokens,
+                    stride,
+                    emb.table.cols,
+                )?;
+                project(
+                    dev,
+                    k,
+                    StackPhases::DEPFORMER.into(),
+                    ProjIn::Act(self.low_rank_tmp),
+                    act,
+                    rows,
+                    proj,
+                    self.x,
+                    true,
+                    self.low_rank_tmp,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step `step`'s head: `self.logits` = head(norm(`self.x`)), the norm
+    /// fused into the projection when it is an RMS norm (or the bf16 cast
+    /// when there is none).
+    fn head<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        step: usize,
+        rows: usize,
+        row_info: DevPtr,
+    ) -> DeviceResult<()> {
+        let (d, act) = (self.dim, self.act);
+        dev.phase(Phase::DepSmall);
+        let head_in = match self.norms.get(step) {
+            Some(n) if n.kind.is_layer_norm() => {
+                k.norm.layer_norm_to(
+                    dev,
+                    self.x,
+                    n.weight,
+                    n.bias,
+                    n.kind.eps(),
+                    d,
+                    row_info,
+                    rows,
+                    self.x_act,
+                    act,
+                )?;
+                ProjIn::Act(self.x_act)
+            }
+            Some(n) => ProjIn::Rms {
+                x: self.x,
+                alpha: n.weight,
+                eps: n.kind.eps(),
+                rows: row_info,
+            },
+            None => ProjIn::Cast(self.x),
+        };
+        project(
+            dev,
+            k,
+            StackPhases::DEPFORMER.into(),
+            head_in,
+            act,
+            rows,
+            &self.linears[step],
+            self.logits,
+            false,
+            self.x_act,
+        )
     }
 }
