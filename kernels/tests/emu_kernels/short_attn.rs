@@ -134,28 +134,8 @@ fn run(c: Case) {
                 let hk = h / (c.heads / c.kv_heads);
                 let qh = rot(&q[h * c.head_dim..(h + 1) * c.head_dim]);
                 let seg = hk * c.head_dim..(hk + 1) * c.head_dim;
-                let live: Vec<usize> = (start..=step).collect();
-                let scores: Vec<f64> = live
-                    .iter()
-                    .map(|&p| {
-                        let d: f64 = qh
-                            .iter()
-                            .zip(&keys[r][p][seg.clone()])
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum();
-                        d / (c.head_dim as f64).sqrt()
-                    })
-                    .collect();
-                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let ws: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                let l: f64 = ws.iter().sum();
-                for e in 0..c.head_dim {
-                    let want: f64 = live
-                        .iter()
-                        .zip(&ws)
-                        .map(|(&p, w)| w * vals[r][p][seg.start + e] as f64)
-                        .sum::<f64>()
-                        / l;
+                let want = host_head(&qh, &keys[r], &vals[r], start..step + 1, seg);
+                for (e, &want) in want.iter().enumerate() {
                     let g = got[r * dim + h * c.head_dim + e] as f64;
                     let tol = if out_t == DType::F32 { 2e-5 } else { 8e-3 };
                     assert!(
@@ -166,10 +146,22 @@ fn run(c: Case) {
             }
         }
     }
-    // The caches hold the newest `capacity` positions of every row as stored.
+    check_key_cache(&mut *dev, &c, kc, &keys, kv_dim);
+}
+
+/// The key cache holds the newest `capacity` positions of every row as the
+/// host record stored them (rounded through the cache type).
+fn check_key_cache(
+    dev: &mut dyn Device,
+    c: &Case,
+    kc: DevPtr,
+    keys: &[Vec<Vec<f32>>],
+    kv_dim: usize,
+) {
+    let rows = keys.len();
     let kd = match c.kv {
-        KvType::F32 => down::<f32>(&mut *dev, kc, rows * c.capacity * kv_dim),
-        _ => down::<u16>(&mut *dev, kc, rows * c.capacity * kv_dim)
+        KvType::F32 => down::<f32>(dev, kc, rows * c.capacity * kv_dim),
+        _ => down::<u16>(dev, kc, rows * c.capacity * kv_dim)
             .into_iter()
             .map(from_bf16)
             .collect(),
@@ -190,6 +182,41 @@ fn run(c: Case) {
             }
         }
     }
+}
+
+/// The reference attention of one query head `qh` over positions `live` of
+/// a row's stored keys and values (key/value head elements `seg`), in f64.
+fn host_head(
+    qh: &[f32],
+    keys: &[Vec<f32>],
+    vals: &[Vec<f32>],
+    live: std::ops::Range<usize>,
+    seg: std::ops::Range<usize>,
+) -> Vec<f64> {
+    let scale = (seg.len() as f64).sqrt();
+    let scores: Vec<f64> = live
+        .clone()
+        .map(|p| {
+            let d: f64 = qh
+                .iter()
+                .zip(&keys[p][seg.clone()])
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            d / scale
+        })
+        .collect();
+    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let ws: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+    let l: f64 = ws.iter().sum();
+    seg.clone()
+        .map(|e| {
+            live.clone()
+                .zip(&ws)
+                .map(|(p, w)| w * vals[p][e] as f64)
+                .sum::<f64>()
+                / l
+        })
+        .collect()
 }
 
 #[test]
