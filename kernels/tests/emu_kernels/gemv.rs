@@ -48,15 +48,7 @@ fn case(
     let ew = EwKernels::resolve(dev).unwrap();
     let norm = NormKernels::resolve(dev).unwrap();
     let gv = GemvKernels::resolve(dev).unwrap();
-    // seed 0: the identity (n = k), so that y is x' itself, bit for bit.
-    let w: Vec<f32> = if seed == 0.0 {
-        (0..n * k)
-            .map(|e| f32::from(u8::from(e / k == e % k)))
-            .collect()
-    } else {
-        det(n * k, seed).iter().map(|v| v * 0.5).collect()
-    };
-    let dw = up_as(dev, &w, t);
+    let dw = up_as(dev, &weights(n, k, seed), t);
     let w = down_as(dev, dw, n * k, t);
     let width = if kind == Kind::Silu { 2 * k } else { k };
     let x = det(rows * width, seed + 1.0)
@@ -137,20 +129,48 @@ fn case(
         );
         return;
     }
+    let what = format!("{t:?} {kind:?} rows {rows}");
+    check_product(
+        &got,
+        &xprime,
+        &w,
+        accumulate.then_some(&y0[..]),
+        (rows, n, k),
+        &what,
+    );
+}
+
+/// The weights of a case: seed 0 gives the identity (n = k), so that y is
+/// x' itself, bit for bit.
+fn weights(n: usize, k: usize, seed: f32) -> Vec<f32> {
+    if seed == 0.0 {
+        (0..n * k)
+            .map(|e| f32::from(u8::from(e / k == e % k)))
+            .collect()
+    } else {
+        det(n * k, seed).iter().map(|v| v * 0.5).collect()
+    }
+}
+
+/// `got` (`[rows][n]`) against the host product `x' · wᵀ` (+ `y0`) in f64.
+fn check_product(
+    got: &[f32],
+    xprime: &[f32],
+    w: &[f32],
+    y0: Option<&[f32]>,
+    (rows, n, k): (usize, usize, usize),
+    what: &str,
+) {
     for m in 0..rows {
         for o in 0..n {
             let dot: f64 = (0..k)
                 .map(|i| xprime[m * k + i] as f64 * w[o * k + i] as f64)
                 .sum();
-            let want = if accumulate {
-                dot + y0[m * n + o] as f64
-            } else {
-                dot
-            };
+            let want = dot + y0.map_or(0.0, |y0| y0[m * n + o] as f64);
             let g = got[m * n + o] as f64;
             assert!(
                 (g - want).abs() <= 2e-5 * want.abs().max(1.0),
-                "{t:?} {kind:?} rows {rows} n {n} k {k}: y[{m}][{o}] = {g} vs {want}"
+                "{what} n {n} k {k}: y[{m}][{o}] = {g} vs {want}"
             );
         }
     }
