@@ -482,10 +482,7 @@ impl GpuLm {
         proj::project(
             dev,
             k,
-            proj::ProjPhases {
-                input: Phase::LmSmall,
-                product: Phase::LmHead,
-            },
+            proj::ProjPhases::TEXT_HEAD,
             proj::ProjIn::Act(self.tout),
             act,
             rows,
@@ -506,29 +503,7 @@ impl GpuLm {
             out: self.text,
             out_stride: 1,
         };
-        dev.phase(Phase::LmSample);
-        k.rules.apply(
-            dev,
-            &self.rules,
-            io.steps,
-            bucket,
-            self.text_logits,
-            cfg.text_card,
-            cfg.text_card,
-        )?;
-        k.sample.sample(dev, &text_args)?;
-        k.embed.force(
-            dev,
-            &self.tc,
-            &self.tc_shape,
-            io.steps,
-            bucket,
-            0,
-            self.text,
-            1,
-        )?;
-        k.rules
-            .push(dev, &self.rules, io.steps, bucket, self.text)?;
+        self.sample_text(dev, k, bucket, io, &text_args)?;
         self.depformer.run(
             dev,
             k,
@@ -553,5 +528,40 @@ impl GpuLm {
             io.out,
             io.ready,
         )
+    }
+
+    /// The text token of each slot-step from the text logits: Kyutai's text
+    /// rules on the logits, sampling, PersonaPlex's forced text entries,
+    /// then the rules' history.
+    fn sample_text<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        bucket: usize,
+        io: &LmStepIo,
+        args: &SampleArgs,
+    ) -> DeviceResult<()> {
+        dev.phase(Phase::LmSample);
+        k.rules.apply(
+            dev,
+            &self.rules,
+            io.steps,
+            bucket,
+            self.text_logits,
+            self.cfg.text_card,
+            self.cfg.text_card,
+        )?;
+        k.sample.sample(dev, args)?;
+        k.embed.force(
+            dev,
+            &self.tc,
+            &self.tc_shape,
+            io.steps,
+            bucket,
+            0,
+            self.text,
+            1,
+        )?;
+        k.rules.push(dev, &self.rules, io.steps, bucket, self.text)
     }
 }

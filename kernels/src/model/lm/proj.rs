@@ -47,6 +47,14 @@ pub(super) struct ProjPhases {
     pub product: Phase,
 }
 
+impl ProjPhases {
+    /// The text head: its input is the out-norm's output (`lm.small`).
+    pub(super) const TEXT_HEAD: ProjPhases = ProjPhases {
+        input: Phase::LmSmall,
+        product: Phase::LmHead,
+    };
+}
+
 impl From<StackPhases> for ProjPhases {
     fn from(p: StackPhases) -> Self {
         ProjPhases {
