@@ -227,9 +227,13 @@ fn admission_refuses_when_every_slot_is_held() {
         cap["capacity"]["refused_total"].as_u64().unwrap() >= 1,
         "{cap:#}"
     );
-    // The held sessions were not disturbed, and their slots come back.
-    a.close();
-    b.close();
+    // The held sessions were not disturbed, and their slots come back; a
+    // client's close is answered with a close frame (a clean close, not a
+    // dropped connection).
+    for (who, c) in [("a", a), ("b", b)] {
+        let log = c.close();
+        assert!(log.close_received, "{who}: no close reply: {}", log.summary());
+    }
     let cap = daemon.wait_idle();
     assert_eq!(cap["capacity"]["admitted_total"], 2, "{cap:#}");
     let c = ChatClient::start(daemon.addr, "seed=4");

@@ -206,6 +206,9 @@ pub struct SessionLog {
     pub closed: bool,
     /// The server's close frame, if any.
     pub close_frame: Option<(CloseCode, String)>,
+    /// Whether a close frame came at all (with or without a code): the
+    /// closing handshake was completed rather than the connection dropped.
+    pub close_received: bool,
     /// A transport error that ended the connection (reset etc.).
     pub transport_error: Option<String>,
     /// When each frame was sent.
@@ -463,11 +466,14 @@ impl ChatClient {
         let _ = self.ws.get_ref().shutdown(Shutdown::Both);
     }
 
-    /// Closes with a WebSocket close frame and waits (bounded) for the answer.
-    pub fn close(mut self) {
+    /// Closes with a WebSocket close frame, waits (bounded) for the answer
+    /// and returns the log (`close_received` says whether the daemon
+    /// completed the closing handshake).
+    pub fn close(mut self) -> SessionLog {
         let _ = self.ws.close(None);
         let deadline = Instant::now() + Duration::from_secs(5);
         self.receive_until(deadline);
+        self.log
     }
 
     fn on_message(&mut self, msg: Message) {
@@ -503,6 +509,7 @@ impl ChatClient {
             }
             Message::Text(_) => self.log.text_messages += 1,
             Message::Close(frame) => {
+                self.log.close_received = true;
                 self.log.close_frame = frame.map(|f| (f.code, f.reason.to_string()));
                 // Let tungstenite send its close reply; the server then drops
                 // the connection.

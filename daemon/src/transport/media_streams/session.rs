@@ -368,8 +368,12 @@ impl Transport for Stream {
             })
             .await;
         } else if matches!(reason, EndReason::ClientClosed) {
-            // Complete the closing handshake (or close after `stop`).
+            // Complete the closing handshake (or close after `stop`):
+            // tungstenite queued the reply to the client's close frame and
+            // writes it on a flush (its `close` refuses to write once the
+            // peer has closed).
             let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.flush().await;
                 let _ = self.ws.close(None).await;
                 Ok(())
             })
