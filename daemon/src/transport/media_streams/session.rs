@@ -58,6 +58,7 @@ use async_tungstenite::WebSocketStream;
 use base64::Engine;
 use bytes::BytesMut;
 use futures_lite::StreamExt;
+use futures_util::SinkExt;
 use moshid_telephony::g711::Law;
 use moshid_telephony::media_streams::{self as events, BASE64};
 use std::collections::VecDeque;
