@@ -119,6 +119,7 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
         precision,
         kv,
         graphs,
+        prompt_cache_bytes: plan.prompt_cache_bytes as usize,
         ..GpuOptions::default()
     };
     let model = GpuModel::load(dev, dir, &opts)

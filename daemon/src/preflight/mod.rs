@@ -54,6 +54,7 @@ pub fn cuda_plan(
         &dir.mimi,
         &PlanOptions {
             lm_kv: kv,
+            prompt_cache_bytes: prompt_cache_bytes(config, dir) as u64,
             ..PlanOptions::default()
         },
     );
@@ -61,6 +62,16 @@ pub fn cuda_plan(
         plan.lm_weight_bytes *= 2;
     }
     Ok((precision, kv, plan))
+}
+
+/// The memory prefilled prompt states may take (`engine.prompt_cache_mib`;
+/// none for a model that takes no prompts).
+pub fn prompt_cache_bytes(config: &Config, dir: &CheckpointDir) -> usize {
+    if moshid_model::lm::prefill_headroom(&dir.lm) > 0 {
+        config.engine.prompt_cache_mib << 20
+    } else {
+        0
+    }
 }
 
 /// A refusal to start, in words: what is needed, what there is, the ways out.
