@@ -22,8 +22,9 @@
 //! 5. [`config`] (every section and its validation);
 //! 6. [`engine`];
 //! 7. leaves: [`codec`], [`http`] parsing, [`metrics`] counters, [`heap`],
-//!    [`protocol`] (the WebSocket message kinds), [`hub`], and the frame
-//!    constants below.
+//!    [`protocol`] (the WebSocket message kinds), [`hub`], [`random_weights`]
+//!    (the shapes served with random weights; it imports nothing of the
+//!    daemon), and the frame constants below.
 //!
 //! Below them all, crates of their own: the telephony protocols
 //! (`moshid-telephony`), the model (`moshid-model`), the GPU kernels
@@ -57,6 +58,7 @@ pub mod io;
 pub mod metrics;
 pub mod preflight;
 pub mod protocol;
+pub mod random_weights;
 pub mod runtime;
 pub mod session;
 pub mod systemd;

@@ -126,20 +126,32 @@ pub fn default_cache_dir() -> PathBuf {
     std::env::temp_dir().join("moshid-cache")
 }
 
-/// Loads the configured checkpoint (or the demo) on the configured backend.
+/// Loads the configured checkpoint (or random weights of a shape, or the
+/// demo) on the configured backend.
 pub fn load_model(config: &Config) -> Result<LoadedModel> {
-    let (dir, demo) = match &config.model.dir {
-        Some(d) => (
+    let cache = config
+        .model
+        .cache_dir
+        .clone()
+        .unwrap_or_else(default_cache_dir);
+    let random = match config.model.random_weights.as_deref() {
+        Some(n) => Some(
+            crate::random_weights::resolve(n)
+                .map_err(|e| anyhow!("config key `model.random_weights`: {e}"))?,
+        ),
+        None => None,
+    };
+    let (dir, demo) = match (random, &config.model.dir) {
+        (Some(shape), _) => {
+            eprintln!("<4>model: {}", shape.marker());
+            (crate::random_weights::prepare(shape, &cache)?, false)
+        }
+        (None, Some(d)) => (
             CheckpointDir::open(d)
                 .with_context(|| format!("loading the checkpoint in {}", d.display()))?,
             false,
         ),
-        None => {
-            let cache = config
-                .model
-                .cache_dir
-                .clone()
-                .unwrap_or_else(default_cache_dir);
+        (None, None) => {
             let d = moshid_model::demo::ensure_demo(&cache).with_context(|| {
                 format!("writing the demo checkpoint under {}", cache.display())
             })?;
@@ -148,19 +160,18 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
     };
     dir.check()
         .with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
-    let cache = config
-        .model
-        .cache_dir
-        .clone()
-        .unwrap_or_else(default_cache_dir);
     let built = crate::backend::build(config, &dir, &cache)?;
     eprintln!("<6>backend: {}", built.description);
-    let about = crate::api::model::ModelDescription::new(
+    let mut about = crate::api::model::ModelDescription::new(
         &dir,
         demo,
         &built.description,
         built.model.max_slots(),
     );
+    if let Some(shape) = random {
+        about.name = format!("random weights: {}", shape.name);
+        about.random_weights = Some(shape.name.to_string());
+    }
     let model = built.model;
     let pieces = match &dir.tokenizer {
         Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
@@ -201,7 +212,17 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             None
         },
     };
-    let description = if demo {
+    let description = if let Some(shape) = random {
+        format!(
+            "the {:?} shape {} (dim {}, {} layers, context {}): {}",
+            dir.lm.model_type,
+            shape.name,
+            dir.lm.dim,
+            dir.lm.num_layers,
+            dir.lm.context,
+            shape.marker()
+        )
+    } else if demo {
         format!(
             "the embedded demo checkpoint ({}; random weights, no speech)",
             dir.dir.display()
@@ -267,12 +288,28 @@ pub fn run(
     let _sighup =
         crate::tls::SighupReloader::start(tls.clone()).context("installing the SIGHUP handler")?;
     let max_slots = loaded.model.max_slots();
-    let engine_shared = Arc::new(EngineShared::new(
+    // Random weights say so on the ready line too.
+    let random_marker = loaded
+        .about
+        .random_weights
+        .as_deref()
+        .and_then(|n| crate::random_weights::resolve(n).ok())
+        .map_or_else(String::new, |s| format!("; {}", s.marker()));
+    let mut engine_shared = EngineShared::new(
         max_slots,
         config.engine.phase_groups,
         config.engine.budget_margin_ms,
         config.runtime.io_cores,
-    ));
+    );
+    if config.model.backend == crate::config::Backend::Emu {
+        // The emulator's step times say nothing of a GPU's, nor of real
+        // time: priced, they would refuse every stream.
+        engine_shared.budget_ms = f64::INFINITY;
+        eprintln!(
+            "<4>engine: the emu backend's step times are not a GPU's: admission admits up to the slots, however slow the steps"
+        );
+    }
+    let engine_shared = Arc::new(engine_shared);
     // Stage metrics: the configured switch, and the Prometheus recorder
     // installed once as the process's `metrics` recorder.
     engine_shared.metrics.set_enabled(config.metrics.enabled);
@@ -389,7 +426,7 @@ pub fn run(
     }
     let cap = engine_shared.capacity();
     eprintln!(
-        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}",
+        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}{random_marker}",
         max_slots,
         config.engine.phase_groups,
         engine_shared.budget_ms,

@@ -59,7 +59,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("engine", &["engine"]),
     (
         "leaves",
-        &["codec", "http", "metrics", "heap", "protocol", "hub"],
+        &[
+            "codec",
+            "http",
+            "metrics",
+            "heap",
+            "protocol",
+            "hub",
+            "random_weights",
+        ],
     ),
     ("crate root", &["lib"]),
 ];

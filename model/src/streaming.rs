@@ -246,6 +246,17 @@ pub trait StreamingModel: Send {
     /// Steps every slot whose `exec` flag is set. Must not allocate.
     fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError>;
 
+    /// Moves `slot` (just reset) to where a conversation older than the
+    /// model's context is — every later step attending over the whole
+    /// window — without running the steps in between, so that timing it
+    /// prices the worst case (the engine's warm-up, which admission reads).
+    /// The slot's outputs are meaningless until it is reset again. `false`,
+    /// and nothing done, where the backend cannot (its warm-up then times
+    /// fresh streams).
+    fn fill_context_for_timing(&mut self, _slot: usize) -> bool {
+        false
+    }
+
     /// Whether every session of this model starts with a prompt prefill
     /// (PersonaPlex). Its slots step only after [`Self::prompt_chunk`]
     /// returned [`PromptProgress::Done`] or [`Self::restore_slot`].

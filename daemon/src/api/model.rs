@@ -25,7 +25,8 @@ pub struct Conditioner {
 pub struct ModelDescription {
     /// A name for people: the Hugging Face repository when the folder is in
     /// the hub's cache layout (`models--ORG--NAME/snapshots/REV`), else the
-    /// folder's name; `demo` for the embedded demo checkpoint.
+    /// folder's name; `demo` for the embedded demo checkpoint, `random
+    /// weights: SHAPE` for random weights.
     pub name: String,
     /// `moshi` (dialogue), `hibiki` (translation) or `personaplex` (dialogue
     /// steered by `voice_prompt` and `text_prompt`).
@@ -33,6 +34,9 @@ pub struct ModelDescription {
     pub model_type: &'static str,
     /// The embedded demo checkpoint (random weights: no speech, no meaning).
     pub demo: bool,
+    /// The shape served with random weights (`--random-weights`), if any:
+    /// no speech, no meaning; for measuring.
+    pub random_weights: Option<String>,
     /// The backend, as the start-up log describes it.
     pub backend: String,
     /// Streams the model serves at once.
@@ -68,6 +72,7 @@ impl ModelDescription {
                 ModelType::Moshi => "moshi",
             },
             demo,
+            random_weights: None,
             backend: backend.to_string(),
             max_slots,
             sample_rate_hz: crate::SAMPLE_RATE_HZ,

@@ -61,6 +61,10 @@ pub enum Backend {
     Cpu,
     /// The GPU backend.
     Cuda,
+    /// The GPU backend on the kernels' CPU emulator: the CUDA path (buckets,
+    /// graphs, device weights) without a GPU, for tests and rehearsals;
+    /// far slower than either real backend, never for serving.
+    Emu,
 }
 
 /// `model.*`
@@ -82,6 +86,10 @@ pub struct ModelConfig {
     /// Start even when the CPU backend's predicted step at batch 1 is over
     /// the budget (offline or test use; admission still applies).
     pub allow_slow: bool,
+    /// Serve a built-in shape (`moshi-7b`, `hibiki-2b`, `hibiki-1b`,
+    /// `hibiki-zero-3b`, or the tiny `moshi-tiny`) with random weights
+    /// instead of a checkpoint: for measuring (see `random_weights.rs`).
+    pub random_weights: Option<String>,
     /// The CUDA backend's settings.
     pub cuda: CudaConfig,
     /// The folder whose files sessions may name as `voice_prompt` (models
@@ -174,6 +182,7 @@ impl Default for ModelConfig {
             cache_dir: None,
             repo: None,
             allow_slow: false,
+            random_weights: None,
             cuda: CudaConfig::default(),
             voice_dir: None,
         }
@@ -641,6 +650,16 @@ impl Config {
         }
         if let Some(r) = &m.repo {
             crate::hub::RepoRef::parse(r).map_err(|e| invalid("model.repo", e.to_string()))?;
+        }
+        if let Some(shape) = &m.random_weights {
+            if m.dir.is_some() || m.repo.is_some() {
+                return Err(invalid(
+                    "model.random_weights",
+                    "conflicts with `model.dir` and `model.repo`: random weights replace a checkpoint",
+                ));
+            }
+            crate::random_weights::check_name(shape)
+                .map_err(|e| invalid("model.random_weights", e.to_string()))?;
         }
         if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
             return Err(invalid(

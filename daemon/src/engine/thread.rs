@@ -164,12 +164,16 @@ impl Engine {
     pub fn warm_up(&mut self) {
         let sizes = self.shared.step_times.warmup_sizes();
         let params = SessionParams::default();
+        let mut full_context = false;
         for &size in &sizes {
             for s in 0..self.batch.max_slots() {
                 self.batch.exec[s] = s < size;
                 if s < size {
                     // Warm-up slots are reset again when a session opens them.
                     let _ = self.model.reset_slot(s, &params);
+                    // Priced at the worst case: a step never outgrows its
+                    // measurement as conversations grow older.
+                    full_context |= self.model.fill_context_for_timing(s);
                 }
             }
             for (i, x) in self.batch.input_pcm.iter_mut().enumerate() {
@@ -184,6 +188,12 @@ impl Engine {
             self.shared.step_times.set(size, best);
         }
         self.batch.exec.iter_mut().for_each(|e| *e = false);
+        if full_context {
+            eprintln!(
+                "<6>engine: warm-up steps timed at full context (every stream attending over the \
+                 whole window), the worst case admission prices"
+            );
+        }
         self.shared.ready.store(true, Ordering::Release);
         self.shared.admission().set_accepting(true);
     }

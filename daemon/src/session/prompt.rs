@@ -139,7 +139,7 @@ pub fn resolve(keys: &PromptKeys, setup: &PromptSetup) -> Result<Prompt, ParamEr
             } else {
                 let wav = moshid_model::persona::wav::read_wav(&bytes).map_err(|e| bad(&e))?;
                 // The client's whole-buffer resampler (rubato FFT), not sphn's.
-                let pcm = crate::client::wav::resample_to_24k(&wav.samples, wav.rate)
+                let pcm = crate::codec::resample::whole_to_24k(&wav.samples, wav.rate)
                     .map_err(|e| bad(&e))?;
                 voice_from_pcm_24k(&pcm, setup.frame_samples).map_err(|e| bad(&e))?
             }

@@ -135,6 +135,7 @@ function renderModel(m, defaults) {
   };
   badge(m.type);
   if (m.demo) badge("random weights: no speech");
+  if (m.random_weights) badge(`random weights (${m.random_weights}): no speech, for measuring`);
   badge(m.backend.split(" ")[0]);
   const f = ui.params.elements;
   for (const k of ["text_temperature", "text_topk", "audio_temperature", "audio_topk", "cfg_coef",
