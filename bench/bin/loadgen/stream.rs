@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
+use moshid::protocol::kind;
 use serde_json::Value;
 use tungstenite::{Bytes, Message, WebSocket};
 
@@ -174,8 +175,8 @@ pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
             ws.get_ref().set_read_timeout(Some(left))?;
             match ws.read() {
                 Ok(Message::Binary(data)) => match data.first() {
-                    Some(0x00) => return Ok(Connected::Ok(Box::new(ws))),
-                    Some(0x05) => {
+                    Some(&kind::HANDSHAKE) => return Ok(Connected::Ok(Box::new(ws))),
+                    Some(&kind::ERROR) => {
                         return Ok(Connected::Refused(
                             String::from_utf8_lossy(&data[1..]).into_owned(),
                         ))
@@ -279,7 +280,7 @@ fn session(
                 Ok(Message::Binary(data)) => {
                     let arrival = ms_since(t0, Instant::now());
                     match data.first() {
-                        Some(0x01) => {
+                        Some(&kind::AUDIO) => {
                             let mut samples = 0;
                             for piece in data[1..].chunks(32 * 1024) {
                                 decoder.push_bytes(piece)?;
@@ -292,9 +293,11 @@ fn session(
                             }
                             out.matcher.audio(samples, arrival);
                         }
-                        Some(0x02) => out.text_messages += 1,
-                        Some(0x04) => out.metadata = serde_json::from_slice(&data[1..]).ok(),
-                        Some(0x05) => {
+                        Some(&kind::TEXT) => out.text_messages += 1,
+                        Some(&kind::METADATA) => {
+                            out.metadata = serde_json::from_slice(&data[1..]).ok()
+                        }
+                        Some(&kind::ERROR) => {
                             return Err(anyhow!(
                                 "server error: {}",
                                 String::from_utf8_lossy(&data[1..])
@@ -353,7 +356,7 @@ fn close(ws: &mut WebSocket<TcpStream>, fd: RawFd, out: &mut Outcome) {
     let _ = ws.close(None);
     loop {
         match ws.read() {
-            Ok(Message::Binary(data)) if data.first() == Some(&0x04) => {
+            Ok(Message::Binary(data)) if data.first() == Some(&kind::METADATA) => {
                 out.metadata = serde_json::from_slice(&data[1..]).ok();
             }
             Ok(_) => {}

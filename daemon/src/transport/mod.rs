@@ -5,6 +5,7 @@ pub mod line;
 pub mod link;
 pub mod media_streams;
 pub mod rtp;
+pub mod session;
 pub mod sip;
 pub mod ws_chat;
 pub mod ws_out;
