@@ -33,13 +33,15 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use moshid::client::decode_audio;
+pub(crate) use moshid::client::would_block;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
 use moshid::protocol::kind;
+use moshid_testkit::chat::{open_session, NotStarted};
 use serde_json::Value;
 use tungstenite::{Bytes, Message, WebSocket};
 
 use crate::audio::{EncodedAudio, Rng, StreamWriter};
-use crate::daemon::http_addr;
 use crate::stats::FrameMatcher;
 
 /// Audio frame period.
@@ -140,57 +142,20 @@ pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer:
     outcome
 }
 
-pub(crate) fn would_block(e: &tungstenite::Error) -> bool {
-    matches!(e, tungstenite::Error::Io(e)
-        if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
-}
-
-/// TCP connect, WebSocket upgrade, then the session handshake (0x00) or a
-/// refusal (0x05 first, or an HTTP error on the upgrade).
+/// TCP connect, WebSocket upgrade, then the session handshake or a
+/// refusal (an error message first, or an HTTP error on the upgrade): the
+/// test kit's [`moshid_testkit::chat::open_session`].
 pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
-    let deadline = Instant::now() + timeout;
-    let attempt = || -> Result<Connected> {
-        let addr = http_addr(url)?;
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut ws = match tungstenite::client(url, stream) {
-            Ok((ws, _response)) => ws,
-            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
-                let body = r
-                    .body()
-                    .as_deref()
-                    .map(|b| String::from_utf8_lossy(b).trim().to_string())
-                    .unwrap_or_default();
-                return Ok(Connected::Refused(format!("HTTP {}: {body}", r.status())));
-            }
-            Err(e) => return Err(anyhow!("WebSocket upgrade: {e}")),
-        };
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(anyhow!("no session handshake within {timeout:?}"));
-            }
-            ws.get_ref().set_read_timeout(Some(left))?;
-            match ws.read() {
-                Ok(Message::Binary(data)) => match data.first() {
-                    Some(&kind::HANDSHAKE) => return Ok(Connected::Ok(Box::new(ws))),
-                    Some(&kind::ERROR) => {
-                        return Ok(Connected::Refused(
-                            String::from_utf8_lossy(&data[1..]).into_owned(),
-                        ))
-                    }
-                    _ => {}
-                },
-                Ok(Message::Close(_)) => return Err(anyhow!("closed before the handshake")),
-                Ok(_) => {}
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("before the handshake: {e}")),
-            }
-        }
-    };
-    attempt().unwrap_or_else(|e| Connected::Failed(format!("{e:#}")))
+    match open_session(url, timeout) {
+        Ok(ws) => Connected::Ok(Box::new(ws)),
+        Err(NotStarted::Refused(why)) => Connected::Refused(why),
+        Err(NotStarted::Closed) => Connected::Failed("closed before the handshake".into()),
+        Err(NotStarted::Unexpected(m)) => Connected::Failed(format!(
+            "a message of kind {:?} before the handshake",
+            m.first()
+        )),
+        Err(NotStarted::Failed(why)) => Connected::Failed(why),
+    }
 }
 
 fn ms_since(t0: Instant, t: Instant) -> f64 {
@@ -259,18 +224,7 @@ fn session(
             }
             until
         };
-        if unflushed {
-            match ws.flush() {
-                Ok(()) => unflushed = false,
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("flushing: {e}")),
-            }
-        }
-        let mut wait = wake.saturating_duration_since(now);
-        if unflushed {
-            wait = wait.min(Duration::from_millis(1));
-        }
-        if !wait_readable(fd, wait)? {
+        if !flush_then_wait(&mut ws, fd, &mut unflushed, wake, now)? {
             continue;
         }
         // Everything readable now (tungstenite may also hold whole messages
@@ -281,17 +235,11 @@ fn session(
                     let arrival = ms_since(t0, Instant::now());
                     match data.first() {
                         Some(&kind::AUDIO) => {
-                            let mut samples = 0;
-                            for piece in data[1..].chunks(32 * 1024) {
-                                decoder.push_bytes(piece)?;
-                                while let Some(pcm) = decoder.next_pcm()? {
-                                    samples += pcm.len();
-                                    if let Some(keep) = out.answer_pcm.as_mut() {
-                                        keep.extend_from_slice(pcm);
-                                    }
-                                }
+                            let pcm = decode_audio(&mut decoder, &data[1..])?;
+                            if let Some(keep) = out.answer_pcm.as_mut() {
+                                keep.extend_from_slice(&pcm);
                             }
-                            out.matcher.audio(samples, arrival);
+                            out.matcher.audio(pcm.len(), arrival);
                         }
                         Some(&kind::TEXT) => out.text_messages += 1,
                         Some(&kind::METADATA) => {
@@ -321,6 +269,30 @@ fn session(
     }
     close(&mut ws, fd, out);
     Ok(())
+}
+
+/// Flushes what tungstenite holds when `unflushed` (a socket that was
+/// full), then waits until the socket is readable or `wake` comes — at most
+/// 1 ms while bytes are still held, to flush them again. `Ok(true)`: readable.
+pub(crate) fn flush_then_wait(
+    ws: &mut WebSocket<TcpStream>,
+    fd: RawFd,
+    unflushed: &mut bool,
+    wake: Instant,
+    now: Instant,
+) -> Result<bool> {
+    if *unflushed {
+        match ws.flush() {
+            Ok(()) => *unflushed = false,
+            Err(e) if would_block(&e) => {}
+            Err(e) => return Err(anyhow!("flushing: {e}")),
+        }
+    }
+    let mut wait = wake.saturating_duration_since(now);
+    if *unflushed {
+        wait = wait.min(Duration::from_millis(1));
+    }
+    Ok(wait_readable(fd, wait)?)
 }
 
 /// Waits at most `timeout` (nanosecond resolution, unlike socket timeouts,
