@@ -147,6 +147,7 @@ fn gpu_as<D: Device + 'static>(
         precision,
         kv,
         graphs,
+        prompt_cache_bytes: plan.prompt_cache_bytes as usize,
         ..GpuOptions::default()
     };
     let (model, weights) = match random_shape(config) {

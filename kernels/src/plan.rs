@@ -80,6 +80,9 @@ pub struct PlanOptions {
     pub cfg_rows: Option<bool>,
     /// Batch-size buckets.
     pub buckets: BucketPolicy,
+    /// Device memory of the prompt snapshots (models with prompts; see
+    /// [`crate::model::arena`]).
+    pub prompt_cache_bytes: u64,
 }
 
 impl Default for PlanOptions {
@@ -89,6 +92,7 @@ impl Default for PlanOptions {
             mimi_kv: KvDtype::F32,
             cfg_rows: None,
             buckets: BucketPolicy::default(),
+            prompt_cache_bytes: 0,
         }
     }
 }
@@ -276,6 +280,8 @@ pub struct MemoryPlan {
     pub token_state_bytes_per_slot: u64,
     /// Scratch per slot-step of a batch.
     pub scratch_bytes_per_step: u64,
+    /// The prompt snapshots' memory (granules of the arena).
+    pub prompt_cache_bytes: u64,
 }
 
 impl MemoryPlan {
@@ -388,6 +394,8 @@ impl MemoryPlan {
             mimi_state_bytes_per_slot,
             token_state_bytes_per_slot,
             scratch_bytes_per_step: rows_per_slot as u64 * row + step_tokens + mimi_step,
+            prompt_cache_bytes: opts.prompt_cache_bytes / crate::model::arena::GRANULE_BYTES as u64
+                * crate::model::arena::GRANULE_BYTES as u64,
         }
     }
 
@@ -411,10 +419,17 @@ impl MemoryPlan {
         self.scratch_bytes_per_step * bucket as u64
     }
 
-    /// Device bytes for `slots` slots: fixed buffers, weights, per-slot state,
-    /// and scratch for a batch of every slot (the largest bucket).
+    /// Memory that does not grow with the slots: [`FIXED_BYTES`] and the
+    /// prompt snapshots' arena.
+    pub fn fixed_bytes(&self) -> u64 {
+        FIXED_BYTES + self.prompt_cache_bytes
+    }
+
+    /// Device bytes for `slots` slots: fixed buffers (the prompt
+    /// snapshots' arena included), weights, per-slot state, and scratch for
+    /// a batch of every slot (the largest bucket).
     pub fn bytes_for(&self, slots: usize) -> u64 {
-        FIXED_BYTES
+        self.fixed_bytes()
             + self.weight_bytes()
             + slots as u64 * (self.state_bytes_per_slot() + self.scratch_bytes_per_step)
     }
@@ -424,7 +439,7 @@ impl MemoryPlan {
             slots,
             need: self.bytes_for(slots),
             weights: self.weight_bytes(),
-            fixed: FIXED_BYTES,
+            fixed: self.fixed_bytes(),
             per_slot: self.state_bytes_per_slot() + self.scratch_bytes_per_step,
             avail: free.saturating_sub(reserve),
             free,
@@ -435,7 +450,7 @@ impl MemoryPlan {
     /// The most slots that fit in `free` device bytes keeping `reserve` free.
     pub fn max_slots(&self, free: u64, reserve: u64) -> Result<usize, PlanError> {
         let avail = free.saturating_sub(reserve);
-        let base = FIXED_BYTES + self.weight_bytes();
+        let base = self.fixed_bytes() + self.weight_bytes();
         let per = self.state_bytes_per_slot() + self.scratch_bytes_per_step;
         match avail.checked_sub(base).map(|rest| rest / per) {
             Some(n) if n >= 1 => Ok(n as usize),
@@ -555,6 +570,26 @@ mod tests {
             "{}",
             p.mimi_state_bytes_per_slot
         );
+    }
+
+    #[test]
+    fn the_prompt_snapshot_memory_is_fixed_and_costs_slots() {
+        let (lm, mimi) = (LmConfig::moshi_7b(), MimiConfig::mimi_default());
+        let none = MemoryPlan::new(&lm, &mimi, &PlanOptions::default());
+        let two_gib = PlanOptions {
+            prompt_cache_bytes: (2 << 30) + 5,
+            ..PlanOptions::default()
+        };
+        let p = MemoryPlan::new(&lm, &mimi, &two_gib);
+        // Whole granules of the arena, counted once, not per slot.
+        assert_eq!(p.prompt_cache_bytes, 2 << 30);
+        assert_eq!(p.bytes_for(3) - none.bytes_for(3), 2 << 30);
+        let free = 141 * (1u64 << 30);
+        let (a, b) = (
+            none.max_slots(free, 1 << 30).unwrap(),
+            p.max_slots(free, 1 << 30).unwrap(),
+        );
+        assert!(b < a && b + 2 >= a, "{a} slots without, {b} with");
     }
 
     #[test]

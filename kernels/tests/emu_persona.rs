@@ -56,6 +56,7 @@ fn f32_sessions_match_the_official_code() {
             precision: Precision::F32,
             kv: KvDtype::F32,
             graphs: true,
+            prompt_cache_bytes: 64 << 20,
             ..GpuOptions::default()
         };
         // The emulator, or a GPU with MOSHID_TEST_DEVICE=cuda (f32 without
@@ -91,6 +92,7 @@ fn f32_sessions_match_the_official_code() {
                 i += 1;
             }
             let snap = m.snapshot_slot(s).unwrap();
+            assert_eq!(m.snapshot_bytes(s).unwrap(), snap.bytes);
             m.reset_slot(STREAMS + s, &greedy).unwrap();
             m.restore_slot(STREAMS + s, &snap).unwrap();
         }
@@ -136,4 +138,59 @@ fn f32_sessions_match_the_official_code() {
             assert_eq!(out[slot], out[s], "slot {slot}: a restored session differs");
         }
     }
+}
+
+/// Runs stream `s`'s prompt of `meta` in `slot` of `m` at once.
+fn run_prompt(
+    m: &mut GpuModel<impl moshid_kernels::device::Device>,
+    dir: &std::path::Path,
+    d: &CheckpointDir,
+    meta: &serde_json::Value,
+    slot: usize,
+) {
+    let p = prompt(dir, &meta["streams"][0], d, m.frame_samples());
+    m.reset_slot(slot, &SessionParams::default()).unwrap();
+    m.begin_prompt(slot, &p).unwrap();
+    while m.prompt_chunk(slot, 64).unwrap() != PromptProgress::Done {}
+}
+
+#[test]
+fn snapshots_live_within_the_configured_device_memory() {
+    let dir = persona_dirs().into_iter().next().unwrap();
+    let d = CheckpointDir::open(&dir).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    let load = |cache_bytes: usize| {
+        let opts = GpuOptions {
+            max_slots: 2,
+            precision: Precision::F32,
+            kv: KvDtype::F32,
+            graphs: false,
+            prompt_cache_bytes: cache_bytes,
+            ..GpuOptions::default()
+        };
+        GpuModel::load(open(Kind::Emu, false), &d, &opts).unwrap()
+    };
+    // Without snapshot memory a snapshot is refused, naming the bound.
+    let mut big = load(0);
+    run_prompt(&mut big, &dir, &d, &meta, 0);
+    let need = big.snapshot_bytes(0).unwrap();
+    assert_eq!(need % moshid_kernels::model::arena::GRANULE_BYTES, 0);
+    let err = big.snapshot_slot(0).unwrap_err().to_string();
+    assert!(err.contains("snapshot memory (0 MiB)"), "{err}");
+    // Room for exactly one: the second waits until the first is dropped.
+    let mut m = load(need);
+    run_prompt(&mut m, &dir, &d, &meta, 0);
+    run_prompt(&mut m, &dir, &d, &meta, 1);
+    let first = m.snapshot_slot(0).unwrap();
+    assert_eq!(first.bytes, need);
+    assert!(m.snapshot_slot(1).is_err(), "the arena holds one snapshot");
+    drop(first);
+    let second = m.snapshot_slot(1).unwrap();
+    // A snapshot lives in its own model's memory: another model refuses it.
+    big.reset_slot(1, &SessionParams::default()).unwrap();
+    let err = big.restore_slot(1, &second).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+    m.reset_slot(0, &SessionParams::default()).unwrap();
+    m.restore_slot(0, &second).unwrap();
 }

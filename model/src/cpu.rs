@@ -119,6 +119,10 @@ impl CpuModel {
         (&self.mimi, &mut self.mimi_state, &mut self.prompts)
     }
 
+    pub(crate) fn lm_state(&self) -> &LmState {
+        &self.lm_state
+    }
+
     pub(crate) fn lm_parts(&mut self) -> (&Lm, &mut LmState) {
         (&self.lm, &mut self.lm_state)
     }
@@ -181,6 +185,14 @@ impl StreamingModel for CpuModel {
         max_frames: usize,
     ) -> Result<crate::streaming::PromptProgress, ModelError> {
         self.prompt_chunk_impl(slot, max_frames)
+    }
+
+    fn prompt_work(&self) -> crate::streaming::PromptWork {
+        self.prompts.work
+    }
+
+    fn snapshot_bytes(&self, slot: usize) -> Result<usize, ModelError> {
+        self.snapshot_bytes_impl(slot)
     }
 
     fn snapshot_slot(&mut self, slot: usize) -> Result<crate::streaming::SlotSnapshot, ModelError> {

@@ -9,7 +9,7 @@ use crate::lm::Lm;
 use crate::mimi::Mimi;
 use crate::persona::STREAM_CODEBOOKS;
 use crate::prompt_job::{PrefillOps, PromptJob};
-use crate::streaming::{ModelError, Prompt, PromptProgress, SlotSnapshot};
+use crate::streaming::{ModelError, Prompt, PromptProgress, PromptWork, SlotSnapshot};
 use std::sync::Arc;
 
 /// Prompt state of every slot.
@@ -21,6 +21,8 @@ pub(crate) struct PromptSlots {
     pub(crate) pcm: Vec<f32>,
     pub(crate) active: Vec<bool>,
     pub(crate) codes: Vec<u32>,
+    /// Prompt work done since the model was built.
+    pub(crate) work: PromptWork,
 }
 
 impl PromptSlots {
@@ -34,6 +36,7 @@ impl PromptSlots {
             pcm: vec![0.0; n * mimi.frame_samples()],
             active: vec![false; n],
             codes: vec![0; n * mimi.num_codebooks()],
+            work: PromptWork::default(),
         }
     }
 
@@ -79,6 +82,7 @@ impl PrefillOps for CpuModel {
         mimi.encode_step(state, &p.pcm, &p.active, &mut p.codes);
         codes[..STREAM_CODEBOOKS]
             .copy_from_slice(&p.codes[slot * nq..slot * nq + STREAM_CODEBOOKS]);
+        p.work.frames += 1;
         Ok(())
     }
 
@@ -92,6 +96,8 @@ impl PrefillOps for CpuModel {
     ) -> Result<(), ModelError> {
         let (lm, state) = self.lm_parts();
         lm.prefill_pass(state, slot, sim, replay, t0, n, None);
+        self.prompts.work.frames += n as u64;
+        self.prompts.work.passes += 1;
         Ok(())
     }
 
@@ -150,6 +156,11 @@ impl CpuModel {
         self.set_first_frame(slot, false);
         self.prompts.ready[slot] = true;
         self.prompts.jobs[slot] = None;
+    }
+
+    pub(crate) fn snapshot_bytes_impl(&self, slot: usize) -> Result<usize, ModelError> {
+        self.check_slot(slot)?;
+        Ok(self.lm().snapshot_bytes(self.lm_state(), slot))
     }
 
     pub(crate) fn snapshot_impl(&mut self, slot: usize) -> Result<SlotSnapshot, ModelError> {

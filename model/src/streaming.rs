@@ -103,6 +103,18 @@ pub enum PromptProgress {
     Done,
 }
 
+/// Prompt work a model has done since it was built, all slots together
+/// (see [`StreamingModel::prompt_work`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptWork {
+    /// Frames of prompt work: WAV voice frames encoded by Mimi and
+    /// transformer positions run.
+    pub frames: u64,
+    /// Causal prefill passes (each runs up to
+    /// [`crate::lm::PREFILL_CHUNK_POSITIONS`] positions of one slot).
+    pub passes: u64,
+}
+
 /// A copy of one slot's state after its prompt, from which other slots
 /// start (see [`StreamingModel::snapshot_slot`]). Cheap to clone; the
 /// backend that made it reads it back.
@@ -269,6 +281,20 @@ pub trait StreamingModel: Send {
         max_frames: usize,
     ) -> Result<PromptProgress, ModelError> {
         let _ = (slot, max_frames);
+        Err(no_prompts())
+    }
+
+    /// Prompt work done so far, all slots together (for the daemon's
+    /// counters; zero for a model without prompts).
+    fn prompt_work(&self) -> PromptWork {
+        PromptWork::default()
+    }
+
+    /// The bytes [`Self::snapshot_slot`] would hold for `slot` now (its
+    /// [`SlotSnapshot::bytes`]), so that a bounded cache can make room
+    /// before the copy is taken.
+    fn snapshot_bytes(&self, slot: usize) -> Result<usize, ModelError> {
+        let _ = slot;
         Err(no_prompts())
     }
 

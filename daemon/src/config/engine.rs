@@ -24,7 +24,14 @@ pub struct EngineConfig {
     pub prompt_frames_per_tick: usize,
     /// Prefilled prompt states kept for reuse (one per voice and role text).
     pub prompt_cache_entries: usize,
+    /// Memory those states may take, in MiB: device memory on the CUDA
+    /// backend (set aside at load, part of the memory plan), host memory on
+    /// the CPU backend.
+    pub prompt_cache_mib: usize,
 }
+
+/// The largest `engine.prompt_cache_mib`.
+const MAX_PROMPT_CACHE_MIB: usize = 1 << 20;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -35,6 +42,7 @@ impl Default for EngineConfig {
             warmup_steps: 3,
             prompt_frames_per_tick: 8,
             prompt_cache_entries: 16,
+            prompt_cache_mib: 2048,
         }
     }
 }
@@ -94,6 +102,12 @@ impl EngineConfig {
             return Err(invalid(
                 "engine.prompt_cache_entries",
                 "must be at most 4096",
+            ));
+        }
+        if e.prompt_cache_mib > MAX_PROMPT_CACHE_MIB {
+            return Err(invalid(
+                "engine.prompt_cache_mib",
+                "must be at most 1048576 (1 TiB)",
             ));
         }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {

@@ -186,6 +186,10 @@ mod tests {
         assert!(e.contains("runtime.io_cpus"), "{e}");
         let e = parse(r#"{"engine": {"phase_groups": 4, "budget_margin_ms": 80}}"#).unwrap_err();
         assert!(e.contains("engine.budget_margin_ms"), "{e}");
+        let e = parse(r#"{"engine": {"prompt_cache_mib": 1048577}}"#).unwrap_err();
+        assert!(e.contains("engine.prompt_cache_mib"), "{e}");
+        let c = parse(r#"{"engine": {"prompt_cache_mib": 0}}"#).unwrap();
+        assert_eq!(c.engine.prompt_cache_mib, 0);
     }
 
     #[test]

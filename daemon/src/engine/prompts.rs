@@ -8,11 +8,14 @@
 //! slot after slot, before stepping the tick's group, so other streams'
 //! ticks are delayed by at most that much work. A finished prompt's state is
 //! cached under its key (least recently used out beyond
-//! `engine.prompt_cache_entries`), and the session is told
+//! `engine.prompt_cache_entries` entries or `engine.prompt_cache_mib` of
+//! memory; room is made before the state is copied, so on the CUDA backend
+//! the copy finds its device memory free), and the session is told
 //! ([`FromEngineKind::PromptReady`](super::records::FromEngineKind)); its
 //! frames are not stepped before.
 //!
-//! Invariants: the cache never holds more than its bound; a closed slot has
+//! Invariants: the cache never holds more than its bounds (entries and
+//! bytes, each entry counted at [`SlotSnapshot::bytes`]); a closed slot has
 //! no prompt work; nothing here allocates per frame (a finished prompt
 //! allocates its snapshot, once per session at most).
 
@@ -29,6 +32,16 @@ pub enum Opened {
     Started,
 }
 
+/// The bounds of the cache of prefilled states (`engine.prompt_cache_entries`,
+/// `engine.prompt_cache_mib`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheBounds {
+    /// States kept.
+    pub entries: usize,
+    /// Bytes they may hold together.
+    pub bytes: usize,
+}
+
 /// Prompt state of every slot and the cache.
 pub struct Prompts {
     running: Vec<bool>,
@@ -36,6 +49,9 @@ pub struct Prompts {
     /// Most recently used last.
     cache: Vec<(String, SlotSnapshot)>,
     max_entries: usize,
+    /// Bytes the cached states may hold together, and hold now.
+    max_bytes: usize,
+    cached_bytes: usize,
     frames_per_tick: usize,
     /// Next slot to serve (round robin).
     next: usize,
@@ -50,12 +66,14 @@ pub struct Prompts {
 
 impl Prompts {
     /// State for `max_slots` slots.
-    pub fn new(max_slots: usize, max_entries: usize, frames_per_tick: usize) -> Self {
+    pub fn new(max_slots: usize, bounds: CacheBounds, frames_per_tick: usize) -> Self {
         Prompts {
             running: vec![false; max_slots],
             keys: vec![None; max_slots],
-            cache: Vec::with_capacity(max_entries),
-            max_entries,
+            cache: Vec::with_capacity(bounds.entries),
+            max_entries: bounds.entries,
+            max_bytes: bounds.bytes,
+            cached_bytes: 0,
             frames_per_tick: frames_per_tick.max(1),
             next: 0,
             finished: Vec::with_capacity(max_slots),
@@ -72,6 +90,11 @@ impl Prompts {
     /// Entries cached.
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// Bytes the cached states hold.
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes
     }
 
     /// Opens `slot` (already reset) with `prompt`.
@@ -138,9 +161,7 @@ impl Prompts {
                     self.running[s] = false;
                     self.ran += 1;
                     if let Some(key) = self.keys[s].take() {
-                        if let Ok(snap) = model.snapshot_slot(s) {
-                            self.insert(key, snap);
-                        }
+                        self.keep(model, s, key);
                     }
                     self.finished.push((s, true));
                     // Done in fewer frames than the budget: the rest is not
@@ -155,15 +176,33 @@ impl Prompts {
         }
     }
 
-    fn insert(&mut self, key: String, snap: SlotSnapshot) {
-        if self.max_entries == 0 {
-            return;
+    /// Caches `slot`'s finished state under `key`, dropping the least
+    /// recently used states until it fits both bounds (first, so that the
+    /// memory they held is free for the copy). A state the model cannot
+    /// copy, or larger than the whole bound, is not kept: the next session
+    /// with this prompt runs it again.
+    fn keep(&mut self, model: &mut dyn StreamingModel, slot: usize, key: String) {
+        let need = match model.snapshot_bytes(slot) {
+            Ok(n) if self.max_entries > 0 && n <= self.max_bytes => n,
+            _ => return,
+        };
+        if let Some(i) = self.cache.iter().position(|(k, _)| *k == key) {
+            self.drop_entry(i);
         }
-        self.cache.retain(|(k, _)| *k != key);
-        while self.cache.len() >= self.max_entries {
-            self.cache.remove(0);
+        while !self.cache.is_empty()
+            && (self.cache.len() >= self.max_entries || self.cached_bytes + need > self.max_bytes)
+        {
+            self.drop_entry(0);
         }
-        self.cache.push((key, snap));
+        if let Ok(snap) = model.snapshot_slot(slot) {
+            self.cached_bytes += snap.bytes;
+            self.cache.push((key, snap));
+        }
+    }
+
+    fn drop_entry(&mut self, i: usize) {
+        let (_, snap) = self.cache.remove(i);
+        self.cached_bytes -= snap.bytes;
     }
 }
 
@@ -191,7 +230,14 @@ mod tests {
     #[test]
     fn bounded_work_then_cached_with_its_bound() {
         let mut m = persona();
-        let mut p = Prompts::new(3, 4, 5);
+        let mut p = Prompts::new(
+            3,
+            CacheBounds {
+                entries: 4,
+                bytes: usize::MAX,
+            },
+            5,
+        );
         let mut ready = Vec::new();
         for i in 0..10 {
             let slot = i % 3;
@@ -211,11 +257,73 @@ mod tests {
             assert!(p.cached() <= 4);
         }
         assert_eq!(p.cached(), 4);
-        // A recent prompt comes from the cache, an evicted one runs again.
+        // A recent prompt comes from the cache (no prompt work), an evicted
+        // one runs again.
+        let work = m.prompt_work();
         m.reset_slot(0, &SessionParams::default()).unwrap();
         assert_eq!(p.open(&mut m, 0, &prompt(9)).unwrap(), Opened::FromCache);
+        assert_eq!(m.prompt_work(), work);
         m.reset_slot(0, &SessionParams::default()).unwrap();
         assert_eq!(p.open(&mut m, 0, &prompt(0)).unwrap(), Opened::Started);
         assert_eq!(ready.len(), 10);
+    }
+
+    /// Runs `prompt(i)` in `slot` to its end.
+    fn run(p: &mut Prompts, m: &mut CpuModel, slot: usize, i: usize) -> Opened {
+        m.reset_slot(slot, &SessionParams::default()).unwrap();
+        let opened = p.open(m, slot, &prompt(i)).unwrap();
+        while p.running(slot) {
+            p.advance(m);
+        }
+        opened
+    }
+
+    #[test]
+    fn the_byte_bound_holds_and_makes_room_least_recently_used_first() {
+        let mut m = persona();
+        // Every prompt here has the same length: find one state's size.
+        let mut probe = Prompts::new(
+            1,
+            CacheBounds {
+                entries: 1,
+                bytes: usize::MAX,
+            },
+            64,
+        );
+        run(&mut probe, &mut m, 0, 0);
+        let one = probe.cached_bytes();
+        assert!(one > 0);
+        // Room for two and a half states, entries to spare.
+        let mut p = Prompts::new(
+            2,
+            CacheBounds {
+                entries: 100,
+                bytes: 2 * one + one / 2,
+            },
+            64,
+        );
+        for i in 0..20 {
+            assert_eq!(run(&mut p, &mut m, i % 2, i), Opened::Started);
+            assert!(p.cached_bytes() <= 2 * one + one / 2);
+            assert_eq!(p.cached(), (i + 1).min(2));
+        }
+        assert_eq!(p.cached_bytes(), 2 * one);
+        // Using 18 makes 19 the least recently used: 20 pushes 19 out.
+        assert_eq!(run(&mut p, &mut m, 0, 18), Opened::FromCache);
+        assert_eq!(run(&mut p, &mut m, 1, 20), Opened::Started);
+        assert_eq!(run(&mut p, &mut m, 0, 18), Opened::FromCache);
+        assert_eq!(run(&mut p, &mut m, 1, 19), Opened::Started);
+        // A bound smaller than one state keeps none.
+        let mut tiny = Prompts::new(
+            1,
+            CacheBounds {
+                entries: 100,
+                bytes: one - 1,
+            },
+            64,
+        );
+        run(&mut tiny, &mut m, 0, 0);
+        assert_eq!((tiny.cached(), tiny.cached_bytes()), (0, 0));
+        assert_eq!(run(&mut tiny, &mut m, 0, 0), Opened::Started);
     }
 }

@@ -140,7 +140,14 @@ impl Engine {
             stages,
             out: FromEngine::default(),
             touched: vec![false; cores],
-            prompts: super::prompts::Prompts::new(max_slots, 16, 8),
+            prompts: super::prompts::Prompts::new(
+                max_slots,
+                super::prompts::CacheBounds {
+                    entries: 16,
+                    bytes: 2048 << 20,
+                },
+                8,
+            ),
             warmup_steps,
             on_tick: None,
             published_plans: 0,
@@ -252,9 +259,12 @@ impl Engine {
     }
 
     /// Bounds of the prompt work per tick and of the prompt cache.
-    pub fn set_prompt_bounds(&mut self, cache_entries: usize, frames_per_tick: usize) {
-        self.prompts =
-            super::prompts::Prompts::new(self.slots.len(), cache_entries, frames_per_tick);
+    pub fn set_prompt_bounds(
+        &mut self,
+        cache: super::prompts::CacheBounds,
+        frames_per_tick: usize,
+    ) {
+        self.prompts = super::prompts::Prompts::new(self.slots.len(), cache, frames_per_tick);
     }
 
     /// Tick positions per frame period.

@@ -54,6 +54,7 @@ pub fn cuda_plan(
         &dir.mimi,
         &PlanOptions {
             lm_kv: kv,
+            prompt_cache_bytes: prompt_cache_bytes(config, dir) as u64,
             ..PlanOptions::default()
         },
     );
@@ -61,6 +62,16 @@ pub fn cuda_plan(
         plan.lm_weight_bytes *= 2;
     }
     Ok((precision, kv, plan))
+}
+
+/// The memory prefilled prompt states may take (`engine.prompt_cache_mib`;
+/// none for a model that takes no prompts).
+pub fn prompt_cache_bytes(config: &Config, dir: &CheckpointDir) -> usize {
+    if moshid_model::lm::prefill_headroom(&dir.lm) > 0 {
+        config.engine.prompt_cache_mib << 20
+    } else {
+        0
+    }
 }
 
 /// A refusal to start, in words: what is needed, what there is, the ways out.
@@ -102,6 +113,9 @@ pub struct CpuMemory {
     /// Address space counted in `need` beyond memory (the mapped checkpoint
     /// and the runtime's reservations), when the binding limit counts it.
     pub mapped: u64,
+    /// Host memory the prompt cache may take (`engine.prompt_cache_mib`;
+    /// models with prompts), counted in `need`.
+    pub prompt_cache: u64,
 }
 
 impl CpuMemory {
@@ -121,8 +135,13 @@ impl CpuMemory {
         } else {
             String::new()
         };
+        let prompts = if self.prompt_cache > 0 {
+            format!(", prompt cache {}", gib(self.prompt_cache))
+        } else {
+            String::new()
+        };
         format!(
-            "{} slot(s) need {} (float32 weights {}, {} per slot{maps}), {} available ({})",
+            "{} slot(s) need {} (float32 weights {}, {} per slot{prompts}{maps}), {} available ({})",
             self.slots,
             gib(self.need),
             gib(self.footprint.weight_bytes()),
@@ -133,10 +152,17 @@ impl CpuMemory {
     }
 }
 
-/// Computes the CPU memory verdict (reads nothing but the headers' sizes).
-pub fn cpu_memory(dir: &CheckpointDir, slots: usize, host: &HostMemory) -> CpuMemory {
+/// Computes the CPU memory verdict (reads nothing but the headers' sizes),
+/// with `prompt_cache` bytes for the cache of prefilled prompt states
+/// ([`prompt_cache_bytes`]).
+pub fn cpu_memory(
+    dir: &CheckpointDir,
+    slots: usize,
+    prompt_cache: u64,
+    host: &HostMemory,
+) -> CpuMemory {
     let footprint = CpuFootprint::new(&dir.lm, &dir.mimi);
-    let memory = footprint.bytes_for(slots);
+    let memory = footprint.bytes_for(slots) + prompt_cache;
     // The loader maps one weights file at a time (Mimi, then the LM).
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let mapped = size(&dir.lm_weights).max(size(&dir.mimi_weights)) + ADDRESS_SPACE_OVERHEAD;
@@ -149,7 +175,8 @@ pub fn cpu_memory(dir: &CheckpointDir, slots: usize, host: &HostMemory) -> CpuMe
         available.saturating_sub(mapped)
     } else {
         available
-    };
+    }
+    .saturating_sub(prompt_cache);
     CpuMemory {
         slots,
         need,
@@ -158,6 +185,7 @@ pub fn cpu_memory(dir: &CheckpointDir, slots: usize, host: &HostMemory) -> CpuMe
         fits_slots: footprint.max_slots(room),
         footprint,
         mapped: if counts_maps { mapped } else { 0 },
+        prompt_cache,
     }
 }
 
@@ -231,7 +259,12 @@ pub fn cpu_speed_refusal(dir: &CheckpointDir, p: &speed::Prediction, budget_ms: 
 /// the predicted step (for the log), or the refusal.
 pub fn cpu(config: &Config, dir: &CheckpointDir) -> Result<(usize, speed::Prediction), Refusal> {
     let slots = config.model.max_slots.unwrap_or(CPU_DEFAULT_SLOTS);
-    let m = cpu_memory(dir, slots, &HostMemory::read());
+    let m = cpu_memory(
+        dir,
+        slots,
+        prompt_cache_bytes(config, dir) as u64,
+        &HostMemory::read(),
+    );
     if !m.fits() {
         return Err(cpu_memory_refusal(dir, &m));
     }
@@ -344,7 +377,7 @@ mod tests {
     #[test]
     fn moshi_7b_under_16_gb_is_refused_with_figures_and_ways_out() {
         let (_t, dir) = moshi_7b();
-        let m = cpu_memory(&dir, 8, &limited(16_000_000 * 1024));
+        let m = cpu_memory(&dir, 8, 0, &limited(16_000_000 * 1024));
         assert!(!m.fits());
         assert_eq!(m.fits_slots, 0);
         let r = cpu_memory_refusal(&dir, &m).to_string();
@@ -361,10 +394,15 @@ mod tests {
         // With room for the weights and two slots, two slots are offered.
         let f = CpuFootprint::new(&dir.lm, &dir.mimi);
         let mapped = std::fs::metadata(&dir.lm_weights).unwrap().len() + ADDRESS_SPACE_OVERHEAD;
-        let m = cpu_memory(&dir, 8, &limited(f.bytes_for(2) + mapped + 1));
+        let m = cpu_memory(&dir, 8, 0, &limited(f.bytes_for(2) + mapped + 1));
         assert_eq!(m.fits_slots, 2, "{}", m.summary());
         let r = cpu_memory_refusal(&dir, &m).to_string();
         assert!(r.contains("--max-slots 2"), "{r}");
+        // A prompt cache of one slot's size costs one slot, and is shown.
+        let cache = f.bytes_per_slot();
+        let m = cpu_memory(&dir, 8, cache, &limited(f.bytes_for(2) + mapped + 1));
+        assert_eq!(m.fits_slots, 1, "{}", m.summary());
+        assert!(m.summary().contains("prompt cache"), "{}", m.summary());
     }
 
     #[test]
@@ -428,7 +466,7 @@ mod tests {
         let host = HostMemory::read();
         // The model is sized to fit any test machine (3.5 GB): a machine
         // without that much free fails here instead of passing untested.
-        let memory = cpu_memory(&dir, 1, &host);
+        let memory = cpu_memory(&dir, 1, 0, &host);
         assert!(
             memory.fits(),
             "this machine has not the free memory for the slow model's footprint: {memory:?}"

@@ -15,7 +15,8 @@ pub fn print_for_this_machine(dir: &CheckpointDir, config: &Config) {
     println!("  on this machine   (as `moshid serve` would check before loading)");
     if config.model.backend != Backend::Cuda {
         let slots = config.model.max_slots.unwrap_or(CPU_DEFAULT_SLOTS);
-        let m = cpu_memory(dir, slots, &super::host::HostMemory::read());
+        let prompt_cache = super::prompt_cache_bytes(config, dir) as u64;
+        let m = cpu_memory(dir, slots, prompt_cache, &super::host::HostMemory::read());
         let verdict = if m.fits() {
             "fits".to_string()
         } else if m.fits_slots == 0 {

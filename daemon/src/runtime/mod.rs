@@ -104,7 +104,10 @@ pub fn run(
             config.engine.warmup_steps,
         );
         e.set_prompt_bounds(
-            config.engine.prompt_cache_entries,
+            crate::engine::prompts::CacheBounds {
+                entries: config.engine.prompt_cache_entries,
+                bytes: config.engine.prompt_cache_mib << 20,
+            },
             config.engine.prompt_frames_per_tick,
         );
         if let Some(hook) = hooks.on_tick.take() {

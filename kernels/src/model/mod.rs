@@ -9,8 +9,9 @@
 //! - `tensor.rs`: weights from a checkpoint or a seeded random fill, and the
 //!   GEMM that applies them; `staging.rs`: the pinned double buffer that
 //!   checkpoint bytes reach the device through; `io.rs`: the per-frame
-//!   transfer layout.
+//!   transfer layout; `arena.rs`: the device memory of prompt snapshots.
 
+pub mod arena;
 mod error;
 pub(crate) mod io;
 pub mod lm;
@@ -67,6 +68,9 @@ pub struct GpuOptions {
     pub graphs: bool,
     /// Batch-size buckets.
     pub buckets: BucketPolicy,
+    /// Device memory for prompt snapshots (models with prompts only; see
+    /// [`arena`]); 0: snapshots are refused.
+    pub prompt_cache_bytes: usize,
 }
 
 impl Default for GpuOptions {
@@ -77,6 +81,7 @@ impl Default for GpuOptions {
             kv: KvDtype::Bf16,
             graphs: true,
             buckets: BucketPolicy::default(),
+            prompt_cache_bytes: 0,
         }
     }
 }

@@ -1,12 +1,13 @@
 //! Prompt prefills on the CUDA backend (PersonaPlex): the device's
 //! [`PrefillOps`] for the shared [`PromptJob`] stages (voice frames through
 //! the slot's Mimi as a one-step bucket, prefill passes, the ring), and
-//! slot snapshots (LM state copied to the host; Mimi is fresh after a
-//! prompt).
+//! slot snapshots (LM state copied into the device's snapshot arena, see
+//! [`super::arena`]; Mimi is fresh after a prompt).
 //!
 //! Invariants: prompt work runs between steps, never inside a captured
 //! graph; it touches only its slot's state.
 
+use super::arena::SnapshotArena;
 use super::lm::prefill::GpuLmSnapshot;
 use super::streaming::GpuModel;
 use super::GpuError;
@@ -16,7 +17,7 @@ use moshid_model::config::LmConfig;
 use moshid_model::lm::prefill::{Replay, Simulated};
 use moshid_model::persona::STREAM_CODEBOOKS;
 use moshid_model::prompt_job::{PrefillOps, PromptJob};
-use moshid_model::streaming::{ModelError, Prompt, PromptProgress, SlotSnapshot};
+use moshid_model::streaming::{ModelError, Prompt, PromptProgress, PromptWork, SlotSnapshot};
 use std::sync::Arc;
 
 /// Prompt state of every slot and the voice encode's device buffers.
@@ -29,6 +30,10 @@ pub(super) struct GpuPrompts {
     pcm: DevPtr,
     codes: DevPtr,
     host_codes: Vec<u32>,
+    /// Where snapshots live (empty for a model without prompts).
+    arena: Arc<SnapshotArena>,
+    /// Prompt work done since the model was built.
+    pub(super) work: PromptWork,
 }
 
 impl GpuPrompts {
@@ -38,8 +43,10 @@ impl GpuPrompts {
         frame_samples: usize,
         nq: usize,
         max_slots: usize,
+        cache_bytes: usize,
     ) -> Result<Self, GpuError> {
         let needed = moshid_model::lm::prefill_headroom(cfg) > 0;
+        let arena = SnapshotArena::new(dev, if needed { cache_bytes } else { 0 })?;
         let (steps, pcm, codes) = if needed {
             (
                 dev.alloc(std::mem::size_of::<SlotStep>())?,
@@ -57,6 +64,8 @@ impl GpuPrompts {
             pcm,
             codes,
             host_codes: vec![0; nq],
+            arena,
+            work: PromptWork::default(),
         })
     }
 
@@ -113,6 +122,7 @@ impl<D: Device> PrefillOps for GpuModel<D> {
         dev.download(p.codes, as_bytes_mut(&mut p.host_codes))
             .map_err(device)?;
         codes[..STREAM_CODEBOOKS].copy_from_slice(&p.host_codes[..STREAM_CODEBOOKS]);
+        p.work.frames += 1;
         Ok(())
     }
 
@@ -126,7 +136,10 @@ impl<D: Device> PrefillOps for GpuModel<D> {
     ) -> Result<(), ModelError> {
         self.lm
             .prefill_pass(&mut self.dev, &self.k, slot, sim, replay, t0, n)
-            .map_err(device)
+            .map_err(device)?;
+        self.prompts.work.frames += n as u64;
+        self.prompts.work.passes += 1;
+        Ok(())
     }
 
     fn finish_prefill(&mut self, slot: usize, sim: &Simulated) -> Result<(), ModelError> {
@@ -189,6 +202,11 @@ impl<D: Device> GpuModel<D> {
         Ok(progress)
     }
 
+    pub(super) fn snapshot_bytes_impl(&self, slot: usize) -> Result<usize, ModelError> {
+        self.check_prompt_slot(slot)?;
+        Ok(self.lm.snapshot_bytes(self.offset[slot]))
+    }
+
     pub(super) fn snapshot_impl(&mut self, slot: usize) -> Result<SlotSnapshot, ModelError> {
         self.check_prompt_slot(slot)?;
         if !self.prompts.ready[slot] {
@@ -196,8 +214,15 @@ impl<D: Device> GpuModel<D> {
         }
         let snap = self
             .lm
-            .snapshot_slot(&mut self.dev, slot, self.offset[slot])
-            .map_err(device)?;
+            .snapshot_slot(&mut self.dev, &self.prompts.arena, slot, self.offset[slot])
+            .map_err(device)?
+            .ok_or_else(|| {
+                params(format!(
+                    "the snapshot memory ({} MiB) has no room for this prompt's {} MiB",
+                    self.prompts.arena.bytes() >> 20,
+                    self.lm.snapshot_bytes(self.offset[slot]).div_ceil(1 << 20)
+                ))
+            })?;
         Ok(SlotSnapshot {
             bytes: snap.bytes(),
             state: Arc::new(snap),
@@ -214,6 +239,9 @@ impl<D: Device> GpuModel<D> {
             .state
             .downcast_ref::<GpuLmSnapshot>()
             .ok_or_else(|| params("a snapshot of another backend"))?;
+        if !s.is_in(&self.prompts.arena) {
+            return Err(params("a snapshot of another model"));
+        }
         self.lm
             .restore_slot(&mut self.dev, slot, s)
             .map_err(device)?;

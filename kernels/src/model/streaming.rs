@@ -213,7 +213,14 @@ impl<D: Device> GpuModel<D> {
             first_frame: vec![true; ms],
             last_step: vec![usize::MAX; ms],
             active: Vec::with_capacity(ms),
-            prompts: super::prompt::GpuPrompts::new(&mut dev, &cfg, fs, nq, ms)?,
+            prompts: super::prompt::GpuPrompts::new(
+                &mut dev,
+                &cfg,
+                fs,
+                nq,
+                ms,
+                opts.prompt_cache_bytes,
+            )?,
             dev,
         };
         for s in 0..ms {
@@ -492,6 +499,14 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         max_frames: usize,
     ) -> Result<moshid_model::streaming::PromptProgress, ModelError> {
         self.prompt_chunk_impl(slot, max_frames)
+    }
+
+    fn prompt_work(&self) -> moshid_model::streaming::PromptWork {
+        self.prompts.work
+    }
+
+    fn snapshot_bytes(&self, slot: usize) -> Result<usize, ModelError> {
+        self.snapshot_bytes_impl(slot)
     }
 
     fn snapshot_slot(

@@ -246,14 +246,27 @@ impl Lm {
         state.set_ring(slot, sim.positions(), &sim.cache, &sim.forced);
     }
 
-    /// A copy of `slot`'s state: the KV entries of the positions a later
-    /// query can see, the token ring, forced flags and offset.
-    pub fn snapshot_slot(&self, state: &LmState, slot: usize) -> LmSnapshot {
+    /// What a snapshot of `slot` holds now: (offset, first position kept,
+    /// KV floats per position).
+    fn snapshot_extent(&self, state: &LmState, slot: usize) -> (usize, usize, usize) {
         let sh = self.temporal.shape();
         let offset = state.offset(slot);
         // A query at `offset` sees `window − 1` earlier keys.
         let first_pos = offset.saturating_sub(sh.context.saturating_sub(1));
-        let per_pos = sh.layers * 2 * sh.kv_dim();
+        (offset, first_pos, sh.layers * 2 * sh.kv_dim())
+    }
+
+    /// The bytes [`Lm::snapshot_slot`] would hold for `slot` now (its
+    /// [`LmSnapshot::bytes`]).
+    pub fn snapshot_bytes(&self, state: &LmState, slot: usize) -> usize {
+        let (offset, first_pos, per_pos) = self.snapshot_extent(state, slot);
+        (offset - first_pos) * per_pos * 4 + state.ring(slot).0.len() * 5
+    }
+
+    /// A copy of `slot`'s state: the KV entries of the positions a later
+    /// query can see, the token ring, forced flags and offset.
+    pub fn snapshot_slot(&self, state: &LmState, slot: usize) -> LmSnapshot {
+        let (offset, first_pos, per_pos) = self.snapshot_extent(state, slot);
         let mut kv = vec![0.0; (offset - first_pos) * per_pos];
         for (i, p) in (first_pos..offset).enumerate() {
             self.temporal.read_position(

@@ -272,6 +272,7 @@ fn sessions_after_the_prompt() {
             assert_eq!(p.text_tokens, want, "stream {s}: role text tokens");
             run_prompt(&mut m, s, &p, &[3, 1, 17, 64]);
             let snap = m.snapshot_slot(s).unwrap();
+            assert_eq!(m.snapshot_bytes(s).unwrap(), snap.bytes);
             m.reset_slot(STREAMS + s, &greedy()).unwrap();
             m.restore_slot(STREAMS + s, &snap).unwrap();
         }

@@ -176,6 +176,7 @@ fn build<D: Device>(
             kv: a.kv,
             graphs,
             buckets: BucketPolicy::default(),
+            prompt_cache_bytes: 0,
         };
         let t = Instant::now();
         match GpuModel::random(Profiled::new(d), lm, mimi, 0x6d6f_7368_6964, &opts) {

@@ -4,19 +4,23 @@
 //! (the temporal ring has that many spare entries, so writing a pass's keys
 //! before its attention overwrites nothing a query still sees); then the
 //! slot gets the ring, forced flags and offset the bookkeeping computed.
-//! Snapshots copy the KV entries a later query can see, the ring and its
-//! flags to the host, and back into any slot.
+//! Snapshots copy the KV entries a later query can see, the ring, its flags
+//! and the offset into the model's snapshot arena ([`crate::model::arena`]),
+//! and back into any slot, device to device.
 //!
 //! Invariants: only the given slot's cache rows, ring and offset change;
-//! these run between steps (not captured), with synchronous copies.
+//! these run between steps (not captured); snapshot copies are
+//! stream-ordered, so a restore issued after a snapshot reads what it wrote.
 
 use super::GpuLm;
 use super::LmKernels;
 use crate::device::{as_bytes, DType, DevPtr, Device, DeviceResult};
+use crate::model::arena::{ArenaSpan, SnapshotArena};
 use crate::model::tensor::scratch;
 use crate::ops::types::RowInfo;
 use moshid_model::lm::prefill::{PositionInput, Replay, Simulated};
 use moshid_model::lm::PREFILL_CHUNK_POSITIONS;
+use std::sync::Arc;
 
 /// Device buffers of a prefill pass.
 pub struct PrefillBufs {
@@ -48,21 +52,28 @@ impl PrefillBufs {
     }
 }
 
-/// A prefilled slot's LM state on the host.
-#[derive(Debug, Clone)]
+/// A prefilled slot's LM state in the snapshot arena: `[layers][2][positions]`
+/// KV records, then the token ring (`u32`), its forced flags (`i32`) and
+/// the offset (`i32`).
+#[derive(Debug)]
 pub struct GpuLmSnapshot {
     /// Steps run.
     pub offset: usize,
-    cache: Vec<u32>,
-    forced: Vec<i32>,
     first_pos: usize,
-    kv: Vec<u8>,
+    kv_bytes: usize,
+    ring_bytes: usize,
+    span: ArenaSpan,
 }
 
 impl GpuLmSnapshot {
-    /// Bytes held.
+    /// Whether the snapshot lies in `arena`.
+    pub fn is_in(&self, arena: &Arc<SnapshotArena>) -> bool {
+        self.span.is_in(arena)
+    }
+
+    /// Bytes held in the arena.
     pub fn bytes(&self) -> usize {
-        self.kv.len() + 8 * self.cache.len()
+        self.span.bytes()
     }
 }
 
@@ -165,37 +176,64 @@ impl GpuLm {
         self.set_ring(dev, slot, sim.positions(), &sim.cache, &forced)
     }
 
-    /// A copy of `slot`'s state after `offset` steps.
+    /// Where a snapshot of `slot` after `offset` steps keeps its parts:
+    /// (first position, KV bytes, ring bytes, arena bytes).
+    fn snapshot_layout(&self, offset: usize) -> (usize, usize, usize, usize) {
+        let sh = self.temporal.shape();
+        let first_pos = offset.saturating_sub(sh.context.saturating_sub(1));
+        let kv_bytes = 2 * sh.layers * (offset - first_pos) * self.temporal.kv_position_bytes();
+        let ring_bytes = self.tc_shape.codebooks * self.tc_shape.ring * 4;
+        let total = crate::model::arena::rounded(kv_bytes + 2 * ring_bytes + 4);
+        (first_pos, kv_bytes, ring_bytes, total)
+    }
+
+    /// The arena bytes a snapshot of a slot after `offset` steps takes.
+    pub fn snapshot_bytes(&self, offset: usize) -> usize {
+        self.snapshot_layout(offset).3
+    }
+
+    /// A copy of `slot`'s state after `offset` steps in `arena` (`None`:
+    /// the arena has not the room).
     pub fn snapshot_slot<D: Device + ?Sized>(
         &self,
         dev: &mut D,
+        arena: &Arc<SnapshotArena>,
         slot: usize,
         offset: usize,
-    ) -> DeviceResult<GpuLmSnapshot> {
-        let sh = self.temporal.shape();
-        let first_pos = offset.saturating_sub(sh.context.saturating_sub(1));
-        let bytes = 2 * sh.layers * (offset - first_pos) * self.temporal.kv_position_bytes();
-        let mut kv = vec![0u8; bytes];
+    ) -> DeviceResult<Option<GpuLmSnapshot>> {
+        let (first_pos, kv_bytes, ring_bytes, total) = self.snapshot_layout(offset);
+        let Some(span) = arena.take(total) else {
+            return Ok(None);
+        };
         self.temporal
-            .copy_positions(dev, slot * self.rps, first_pos, offset, &mut kv, true)?;
-        let per_slot = self.tc_shape.codebooks * self.tc_shape.ring;
-        let mut cache = vec![0u32; per_slot];
-        let mut forced = vec![0i32; per_slot];
-        dev.download(
-            self.tc.cache + (slot * per_slot * 4) as u64,
-            crate::device::as_bytes_mut(&mut cache),
-        )?;
-        dev.download(
-            self.tc.forced + (slot * per_slot * 4) as u64,
-            crate::device::as_bytes_mut(&mut forced),
-        )?;
-        Ok(GpuLmSnapshot {
+            .position_runs(slot * self.rps, first_pos, offset, |cache, at, n| {
+                span.pieces(at, n, |a, within, m| {
+                    dev.copy_on_device(a, cache + within as u64, m)
+                })
+            })?;
+        for (i, (src, len)) in self.ring_parts(slot, ring_bytes).into_iter().enumerate() {
+            let at = kv_bytes + [0, ring_bytes, 2 * ring_bytes][i];
+            span.pieces(at, len, |a, within, m| {
+                dev.copy_on_device(a, src + within as u64, m)
+            })?;
+        }
+        Ok(Some(GpuLmSnapshot {
             offset,
-            cache,
-            forced,
             first_pos,
-            kv,
-        })
+            kv_bytes,
+            ring_bytes,
+            span,
+        }))
+    }
+
+    /// The device ring of `slot`: its tokens, forced flags and offset.
+    fn ring_parts(&self, slot: usize, ring_bytes: usize) -> [(DevPtr, usize); 3] {
+        let at = (slot * ring_bytes) as u64;
+        [
+            (self.tc.cache + at, ring_bytes),
+            (self.tc.forced + at, ring_bytes),
+            (self.tc.offset + (slot * 4) as u64, 4),
+        ]
     }
 
     /// Writes `snap` into `slot` (reset with its session's parameters).
@@ -205,15 +243,23 @@ impl GpuLm {
         slot: usize,
         snap: &GpuLmSnapshot,
     ) -> DeviceResult<()> {
-        let mut kv = snap.kv.clone();
-        self.temporal.copy_positions(
-            dev,
+        let span = &snap.span;
+        self.temporal.position_runs(
             slot * self.rps,
             snap.first_pos,
             snap.offset,
-            &mut kv,
-            false,
+            |cache, at, n| {
+                span.pieces(at, n, |a, within, m| {
+                    dev.copy_on_device(cache + within as u64, a, m)
+                })
+            },
         )?;
-        self.set_ring(dev, slot, snap.offset, &snap.cache, &snap.forced)
+        let (kv, rb) = (snap.kv_bytes, snap.ring_bytes);
+        for (i, (dst, len)) in self.ring_parts(slot, rb).into_iter().enumerate() {
+            span.pieces(kv + [0, rb, 2 * rb][i], len, |a, within, m| {
+                dev.copy_on_device(dst + within as u64, a, m)
+            })?;
+        }
+        Ok(())
     }
 }

@@ -227,21 +227,19 @@ impl Stack {
         self.shape.kv_dim() * self.kv.bytes()
     }
 
-    /// Copies positions `first..end` of cache row `row` out of (`read`) or
-    /// into the KV caches, to or from `host` (`[layers][2][positions]`
-    /// position records), as at most two ring segments per cache.
-    pub fn copy_positions<D: Device + ?Sized>(
+    /// Calls `f(device address, offset, bytes)` for each contiguous piece
+    /// of positions `first..end` of cache row `row`, in the order of a
+    /// `[layers][2][positions]` record array (`offset` into it): at most
+    /// two ring segments per cache.
+    pub fn position_runs(
         &self,
-        dev: &mut D,
         row: usize,
         first: usize,
         end: usize,
-        host: &mut [u8],
-        read: bool,
+        mut f: impl FnMut(DevPtr, usize, usize) -> DeviceResult<()>,
     ) -> DeviceResult<()> {
         let cap = self.shape.capacity;
         let pb = self.kv_position_bytes();
-        let n = end - first;
         let mut at = 0;
         for layer in &self.layers {
             for cache in [layer.k_cache, layer.v_cache] {
@@ -249,19 +247,13 @@ impl Stack {
                 while p < end {
                     let idx = p % cap;
                     let run = (cap - idx).min(end - p);
-                    let dptr = cache + ((row * cap + idx) * pb) as u64;
-                    let h = &mut host[at..at + run * pb];
-                    if read {
-                        dev.download(dptr, h)?;
-                    } else {
-                        dev.upload(dptr, h)?;
-                    }
+                    f(cache + ((row * cap + idx) * pb) as u64, at, run * pb)?;
                     at += run * pb;
                     p += run;
                 }
             }
         }
-        debug_assert_eq!(at, 2 * self.layers.len() * n * pb);
+        debug_assert_eq!(at, 2 * self.layers.len() * (end - first) * pb);
         Ok(())
     }
 
