@@ -7,6 +7,7 @@
 //! typo cannot silently leave a default in place.
 
 pub mod events;
+pub mod realtime;
 pub mod sip;
 
 use crate::engine::grouping::{MaxGroups, MAX_FIXED_GROUPS};
@@ -579,6 +580,8 @@ pub struct Config {
     pub audiosocket: AudioSocketConfig,
     /// Media Streams WebSocket transport.
     pub media_streams: MediaStreamsConfig,
+    /// The OpenAI Realtime endpoints.
+    pub realtime: realtime::RealtimeConfig,
     /// Live session events and webhooks.
     pub events: events::EventsConfig,
     /// The SIP endpoint.
@@ -841,6 +844,7 @@ impl Config {
         events::validate(&self.events, s.webhook_url.as_deref())
             .map_err(|(key, why)| invalid(key, why))?;
         sip::validate(&self.sip, l.address).map_err(|(key, why)| invalid(key, why))?;
+        realtime::validate(&self.realtime).map_err(|(key, why)| invalid(key, why))?;
         if self.media_streams.max_pending_marks == 0 {
             return Err(invalid(
                 "media_streams.max_pending_marks",

@@ -3,6 +3,7 @@
 pub mod audiosocket;
 pub mod link;
 pub mod media_streams;
+pub mod realtime;
 pub mod rtp;
 pub mod sip;
 pub mod ws_chat;
