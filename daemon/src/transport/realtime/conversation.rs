@@ -368,7 +368,7 @@ impl RtSession {
 }
 
 /// What `response.create` may ask: the session's own settings only.
-fn check_response_params(r: &Value) -> Result<(), ApiError> {
+pub fn check_response_params(r: &Value) -> Result<(), ApiError> {
     let Some(obj) = r.as_object() else {
         return Err(ApiError::invalid("invalid_value", "`response` must be an object").param("response"));
     };

@@ -647,7 +647,11 @@ impl RtSession {
             })
             .await;
         } else if matches!(reason, EndReason::ClientClosed) {
+            // Complete the closing handshake: tungstenite queued the reply to
+            // the client's close frame and writes it on a flush (its `close`
+            // refuses to write once the peer has closed).
             let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.flush().await;
                 let _ = self.ws.close(None).await;
                 Ok(())
             })
