@@ -101,7 +101,10 @@ fn need_python(peer: &str, module: &str) -> bool {
     }
     let test = std::thread::current().name().unwrap_or("?").to_string();
     if skip_allowed(peer) {
-        let line = format!("SKIPPED test={test} peer={peer}: {} cannot import {module}\n", py.display());
+        let line = format!(
+            "SKIPPED test={test} peer={peer}: {} cannot import {module}\n",
+            py.display()
+        );
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
         return false;
     }
@@ -114,7 +117,9 @@ fn need_python(peer: &str, module: &str) -> bool {
 
 /// Runs `tests/interop/SCRIPT ARGS…` and returns its `SUMMARY` JSON.
 fn run_script(daemon: &Daemon, script: &str, args: &[&str]) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/interop").join(script);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/interop")
+        .join(script);
     let out = Command::new(python())
         .arg(&path)
         .args(args)
@@ -165,7 +170,10 @@ fn session_ends(daemon: &Daemon, transport: &str, n: usize) -> Vec<String> {
 
 fn field(line: &str, key: &str) -> u64 {
     let k = format!(" {key}=");
-    let at = line.find(&k).unwrap_or_else(|| panic!("no {key} in {line}")) + k.len();
+    let at = line
+        .find(&k)
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        + k.len();
     line[at..]
         .split_whitespace()
         .next()
@@ -180,9 +188,16 @@ fn the_openai_sdk_converses() {
     }
     let _serial = serial();
     let daemon = Daemon::start(&[], Some(r#"{"realtime": {"responses": "continuous"}}"#));
-    let model = daemon.get_json("/v1/model")["name"].as_str().unwrap().to_string();
+    let model = daemon.get_json("/v1/model")["model"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let addr = daemon.addr.to_string();
-    let s = run_script(&daemon, "openai_realtime.py", &["conversation", &addr, &model, "none"]);
+    let s = run_script(
+        &daemon,
+        "openai_realtime.py",
+        &["conversation", &addr, &model, "none"],
+    );
     let said = s.to_string();
     assert_eq!(s["first"], "session.created", "{said}");
     assert_eq!(s["session_type"], "realtime", "{said}");
@@ -190,23 +205,44 @@ fn the_openai_sdk_converses() {
     assert_eq!(s["kinds"]["session.updated"], 1, "{said}");
     // The refused field and the unsupported event, each named.
     let errors = s["errors"].as_array().unwrap();
-    assert!(errors.iter().any(|e| e["param"] == "session.instructions"), "{said}");
+    assert!(
+        errors.iter().any(|e| e["param"] == "session.instructions"),
+        "{said}"
+    );
     assert!(
         errors.iter().any(|e| e["code"] == "unsupported_event"
-            && e["message"].as_str().unwrap().contains("conversation.item.retrieve")),
+            && e["message"]
+                .as_str()
+                .unwrap()
+                .contains("conversation.item.retrieve")),
         "{said}"
     );
     // Audio and text as the audio was sent, and on after the errors.
     assert!(s["audio_frames"].as_f64().unwrap() >= 60.0, "{said}");
-    assert!(s["audio_frames_before_last_append"].as_f64().unwrap() >= 40.0, "{said}");
-    assert!(s["audio_frames_after_errors"].as_f64().unwrap() >= 40.0, "{said}");
+    assert!(
+        s["audio_frames_before_last_append"].as_f64().unwrap() >= 40.0,
+        "{said}"
+    );
+    assert!(
+        s["audio_frames_after_errors"].as_f64().unwrap() >= 40.0,
+        "{said}"
+    );
     assert!(s["transcript_deltas"].as_u64().unwrap() >= 1, "{said}");
-    assert!(s["kinds"]["input_audio_buffer.speech_started"].as_u64().unwrap_or(0) >= 1, "{said}");
+    assert!(
+        s["kinds"]["input_audio_buffer.speech_started"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{said}"
+    );
     // response.cancel: that response ended cancelled by the client, and no
     // audio of it came after.
     let cancelled = s["cancelled"].as_str().expect("a response was in progress");
     assert_eq!(s["responses"][cancelled]["status"], "cancelled", "{said}");
-    assert_eq!(s["responses"][cancelled]["reason"], "client_cancelled", "{said}");
+    assert_eq!(
+        s["responses"][cancelled]["reason"], "client_cancelled",
+        "{said}"
+    );
     assert_eq!(s["deltas_after_cancel"], 0, "{said}");
     let end = session_end(&daemon, "realtime");
     assert_eq!(field(&end, "frames_in"), 75, "{end}");
@@ -221,16 +257,30 @@ fn the_openai_sdk_translates_with_hibiki() {
     let _serial = serial();
     let config = r#"{"session": {"drain_max_frames": 6}}"#;
     let model_dir = hibiki_with_tokenizer();
-    let daemon = Daemon::start(&["--model", model_dir.path().to_str().unwrap()], Some(config));
-    let model = daemon.get_json("/v1/model")["name"].as_str().unwrap().to_string();
+    let daemon = Daemon::start(
+        &["--model", model_dir.path().to_str().unwrap()],
+        Some(config),
+    );
+    let model = daemon.get_json("/v1/model")["model"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // The conversation endpoint refuses a translation model.
     let mut ws = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
     let e = ws.next_event();
-    assert_eq!((e["type"].as_str(), e["error"]["code"].as_str()), (Some("error"), Some("model_not_supported")), "{e}");
+    assert_eq!(
+        (e["type"].as_str(), e["error"]["code"].as_str()),
+        (Some("error"), Some("model_not_supported")),
+        "{e}"
+    );
     ws.expect_close(CloseCode::Policy);
 
     let addr = daemon.addr.to_string();
-    let s = run_script(&daemon, "openai_realtime.py", &["translation", &addr, &model, "none"]);
+    let s = run_script(
+        &daemon,
+        "openai_realtime.py",
+        &["translation", &addr, &model, "none"],
+    );
     let said = s.to_string();
     assert_eq!(s["first"], "session.created", "{said}");
     assert_eq!(s["session_type"], "translation", "{said}");
@@ -238,11 +288,17 @@ fn the_openai_sdk_translates_with_hibiki() {
     let errors = s["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "{said}");
     assert_eq!(errors[0]["code"], "unsupported_language", "{said}");
-    assert!(errors[0]["message"].as_str().unwrap().contains("`en`"), "{said}");
+    assert!(
+        errors[0]["message"].as_str().unwrap().contains("`en`"),
+        "{said}"
+    );
     assert_eq!(s["kinds"]["session.updated"], 1, "{said}");
     // Audio (one delta per frame, 80 ms apart) and text while the audio was sent.
     assert!(s["audio_frames"].as_f64().unwrap() >= 60.0, "{said}");
-    assert!(s["audio_frames_before_last_append"].as_f64().unwrap() >= 40.0, "{said}");
+    assert!(
+        s["audio_frames_before_last_append"].as_f64().unwrap() >= 40.0,
+        "{said}"
+    );
     assert_eq!(s["elapsed_ms_steps"], json!([80]), "{said}");
     assert!(s["transcript_deltas"].as_u64().unwrap() >= 1, "{said}");
     // session.close: the drain, then session.closed with the record, last.
@@ -262,7 +318,10 @@ fn pipecat_holds_a_conversation() {
     }
     let _serial = serial();
     let daemon = Daemon::start(&[], None);
-    let model = daemon.get_json("/v1/model")["name"].as_str().unwrap().to_string();
+    let model = daemon.get_json("/v1/model")["model"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let addr = daemon.addr.to_string();
     let s = run_script(&daemon, "pipecat_realtime.py", &[&addr, &model, "none"]);
     let said = s.to_string();
@@ -284,13 +343,18 @@ struct RawClient {
 }
 
 impl RawClient {
-    fn try_connect(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<RawClient, tungstenite::Error> {
+    fn try_connect(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<RawClient, tungstenite::Error> {
         let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap();
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         let mut req = format!("ws://{addr}{path}").into_client_request().unwrap();
         for (n, v) in headers {
-            req.headers_mut().insert(*n, v.parse().unwrap());
+            let name = tungstenite::http::HeaderName::from_bytes(n.as_bytes()).unwrap();
+            req.headers_mut().insert(name, v.parse().unwrap());
         }
         let (ws, response) = tungstenite::client(req, stream).map_err(|e| match e {
             tungstenite::HandshakeError::Failure(e) => e,
@@ -370,7 +434,8 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
     let config = r#"{"realtime": {"max_event_bytes": 65536, "responses": "continuous"}, "session": {"idle_timeout_ms": 20000}}"#;
     let daemon = Daemon::start(&[], Some(config));
     let mut healthy = RawClient::connect(daemon.addr, "/v1/realtime?responses=continuous", &[]);
-    assert_eq!(healthy.next_event()["type"], "session.created");
+    let created = healthy.next_event();
+    assert_eq!(created["type"], "session.created", "{created}");
     let audio = tone(1);
     let start = Instant::now();
     let mut sent = 0;
@@ -383,21 +448,41 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
     };
     let bad: Vec<(Message, &str)> = vec![
         (Message::Text("not json".into()), "invalid_event"),
-        (Message::Text(r#"{"type":"input_audio_buffer.append","audio":"%%%%"}"#.into()), "invalid_audio"),
-        (Message::Text(r#"{"type":"input_audio_buffer.append","audio":"AA=="}"#.into()), "invalid_audio"),
-        (Message::Text(r#"{"type":"input_audio_buffer.append","audio":5}"#.into()), "invalid_event"),
-        (Message::Text(r#"{"type":"input_audio_buffer.append"}"#.into()), "invalid_event"),
+        (
+            Message::Text(r#"{"type":"input_audio_buffer.append","audio":"%%%%"}"#.into()),
+            "invalid_audio",
+        ),
+        (
+            Message::Text(r#"{"type":"input_audio_buffer.append","audio":"AA=="}"#.into()),
+            "invalid_audio",
+        ),
+        (
+            Message::Text(r#"{"type":"input_audio_buffer.append","audio":5}"#.into()),
+            "invalid_event",
+        ),
+        (
+            Message::Text(r#"{"type":"input_audio_buffer.append"}"#.into()),
+            "invalid_event",
+        ),
         (Message::Text(r#"{"no_type":1}"#.into()), "invalid_event"),
         (Message::Binary(vec![1, 2, 3].into()), "invalid_event"),
-        (Message::Text(format!(r#"{{"type":"x","pad":"{}"}}"#, "a".repeat(70_000)).into()), "event_too_large"),
+        (
+            Message::Text(format!(r#"{{"type":"x","pad":"{}"}}"#, "a".repeat(70_000)).into()),
+            "event_too_large",
+        ),
     ];
     for (msg, code) in bad {
         pace(&mut healthy);
         let mut c = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
-        assert_eq!(c.next_event()["type"], "session.created");
+        let created = c.next_event();
+        assert_eq!(created["type"], "session.created", "{created}");
         c.ws.send(msg).unwrap();
         let e = c.next_event();
-        assert_eq!((e["type"].as_str(), e["error"]["code"].as_str()), (Some("error"), Some(code)), "{e}");
+        assert_eq!(
+            (e["type"].as_str(), e["error"]["code"].as_str()),
+            (Some("error"), Some(code)),
+            "{e}"
+        );
         c.expect_close(CloseCode::Protocol);
     }
     // Refused, not malformed: an error, and the session goes on.
@@ -408,11 +493,17 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
     assert_eq!(e["error"]["code"], "unsupported_event", "{e}");
     assert_eq!(e["error"]["event_id"], "mine", "{e}");
     c.send(json!({"type": "response.cancel"}));
-    assert_eq!(c.next_event()["error"]["code"], "response_cancel_not_active");
+    assert_eq!(
+        c.next_event()["error"]["code"],
+        "response_cancel_not_active"
+    );
     c.append(&tone(2));
     c.send(json!({"type": "input_audio_buffer.commit"}));
     let (committed, _) = c.until("input_audio_buffer.committed");
-    assert!(committed["item_id"].as_str().unwrap().starts_with("item_"), "{committed}");
+    assert!(
+        committed["item_id"].as_str().unwrap().starts_with("item_"),
+        "{committed}"
+    );
     drop(c);
     // The healthy session streamed on throughout.
     while start.elapsed() < Duration::from_secs(4) {
@@ -440,8 +531,19 @@ fn the_token_as_a_bearer_header_or_the_browsers_subprotocol() {
     let daemon = Daemon::start(&[], Some(r#"{"listen": {"token": "s3cret"}}"#));
     let path = "/v1/realtime?model=anything";
     let refused = RawClient::try_connect(daemon.addr, path, &[]);
-    assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 401), "{:?}", refused.err());
-    let wrong = RawClient::try_connect(daemon.addr, path, &[("Sec-WebSocket-Protocol", "realtime, openai-insecure-api-key.nope")]);
+    assert!(
+        matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 401),
+        "{:?}",
+        refused.err()
+    );
+    let wrong = RawClient::try_connect(
+        daemon.addr,
+        path,
+        &[(
+            "Sec-WebSocket-Protocol",
+            "realtime, openai-insecure-api-key.nope",
+        )],
+    );
     assert!(matches!(wrong, Err(tungstenite::Error::Http(ref r)) if r.status() == 401));
     let mut bearer = RawClient::connect(daemon.addr, path, &[("Authorization", "Bearer s3cret")]);
     assert_eq!(bearer.next_event()["type"], "session.created");
@@ -449,7 +551,10 @@ fn the_token_as_a_bearer_header_or_the_browsers_subprotocol() {
     let mut browser = RawClient::connect(
         daemon.addr,
         path,
-        &[("Sec-WebSocket-Protocol", "realtime, openai-insecure-api-key.s3cret")],
+        &[(
+            "Sec-WebSocket-Protocol",
+            "realtime, openai-insecure-api-key.s3cret",
+        )],
     );
     assert_eq!(browser.subprotocol.as_deref(), Some("realtime"));
     let created = browser.next_event();
@@ -459,7 +564,8 @@ fn the_token_as_a_bearer_header_or_the_browsers_subprotocol() {
 #[test]
 fn g711_and_a_client_faster_than_real_time() {
     let _serial = serial();
-    let config = r#"{"realtime": {"responses": "continuous"}, "session": {"idle_timeout_ms": 20000}}"#;
+    let config =
+        r#"{"realtime": {"responses": "continuous"}, "session": {"idle_timeout_ms": 20000}}"#;
     let daemon = Daemon::start(&[], Some(config));
     // G.711 μ-law both ways: 80 ms of 8 kHz audio is 640 bytes.
     let mut c = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
@@ -467,11 +573,17 @@ fn g711_and_a_client_faster_than_real_time() {
     let fmt = json!({"type": "audio/pcmu"});
     c.send(json!({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"format": fmt}, "output": {"format": fmt}}}}));
     let (updated, _) = c.until("session.updated");
-    assert_eq!(updated["session"]["audio"]["output"]["format"]["type"], "audio/pcmu");
+    assert_eq!(
+        updated["session"]["audio"]["output"]["format"]["type"],
+        "audio/pcmu"
+    );
     let ulaw = vec![0xffu8; 640 * 10];
     c.send(json!({"type": "input_audio_buffer.append", "audio": B64.encode(&ulaw)}));
     let (delta, _) = c.until("response.output_audio.delta");
-    assert_eq!(B64.decode(delta["delta"].as_str().unwrap()).unwrap().len(), 640);
+    assert_eq!(
+        B64.decode(delta["delta"].as_str().unwrap()).unwrap().len(),
+        640
+    );
     c.ws.close(None).unwrap();
     drop(c);
     // 6 s of audio at once, in 1 s appends: the session takes it as the

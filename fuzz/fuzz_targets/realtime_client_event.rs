@@ -38,17 +38,25 @@ fuzz_target!(|data: &[u8]| {
     let mut settings = Settings::default();
     let mut input = AudioIn::new(settings.input, max_audio_bytes(MAX_EVENT_BYTES)).expect("pcm");
     let mut frame = Box::new([0f32; FRAME_SAMPLES]);
-    let described = Described { id: "sess_1", model: "m", expires_at: 0 };
+    let described = Described {
+        id: "sess_1",
+        model: "m",
+        expires_at: 0,
+    };
     for msg in messages(rest) {
         if msg.len() > MAX_EVENT_BYTES {
             return; // the WebSocket refuses it: the session ends
         }
-        let Ok(text) = std::str::from_utf8(msg) else { return };
+        let Ok(text) = std::str::from_utf8(msg) else {
+            return;
+        };
         let Ok(event) = parse(text) else { return };
         let _ = event.id();
         match event.kind() {
             Kind::SessionUpdate => {
-                let Some(session) = event.session.as_ref() else { continue };
+                let Some(session) = event.session.as_ref() else {
+                    continue;
+                };
                 if let Ok(next) = apply_update(&settings, session, endpoint, "en") {
                     input.set_format(next.input).expect("every format builds");
                     settings = next;
@@ -57,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             Kind::InputAudioAppend | Kind::TranslationAppend => {
-                let Some(audio) = event.audio.as_ref() else { return };
+                let Some(audio) = event.audio.as_ref() else {
+                    return;
+                };
                 if input.decode(audio.as_str()).is_err() {
                     return;
                 }

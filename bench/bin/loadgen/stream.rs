@@ -1,5 +1,6 @@
-//! One simulated caller: a WebSocket session on `/api/chat` that sends audio
-//! at real-time pace and times every answer.
+//! One simulated caller: a WebSocket session on `/api/chat` (or on
+//! `/v1/realtime`, [`crate::wire`]) that sends audio at real-time pace and
+//! times every answer.
 //!
 //! Each caller is one thread that owns its socket (tungstenite over a
 //! non-blocking `TcpStream` once the session has started). It sleeps in
@@ -33,13 +34,13 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use moshid::codec::{DecoderConfig, OggOpusDecoder};
 use serde_json::Value;
-use tungstenite::{Bytes, Message, WebSocket};
+use tungstenite::{Message, WebSocket};
 
-use crate::audio::{EncodedAudio, Rng, StreamWriter};
+use crate::audio::{EncodedAudio, Rng};
 use crate::daemon::http_addr;
 use crate::stats::FrameMatcher;
+use crate::wire::Protocol;
 
 /// Audio frame period.
 const FRAME: Duration = Duration::from_millis(80);
@@ -49,6 +50,8 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// What every caller of a step shares.
 pub struct StepShared {
     pub url: String,
+    /// What the callers speak.
+    pub protocol: Protocol,
     /// Frames each caller captures.
     pub frames: usize,
     pub model_delay: usize,
@@ -118,7 +121,7 @@ pub(crate) enum Connected {
 /// Runs caller `index` (offset and seed given) through the step.
 /// With `keep_answer`, the decoded answer audio is kept in the outcome.
 pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer: bool) -> Outcome {
-    let connected = connect(&shared.url, shared.connect_timeout);
+    let connected = connect_with(&shared.url, shared.connect_timeout, shared.protocol);
     shared.connected.wait();
     shared.go.wait();
     let t0 = *shared.t0.get().expect("t0 is set before the go barrier");
@@ -147,6 +150,11 @@ pub(crate) fn would_block(e: &tungstenite::Error) -> bool {
 /// TCP connect, WebSocket upgrade, then the session handshake (0x00) or a
 /// refusal (0x05 first, or an HTTP error on the upgrade).
 pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
+    connect_with(url, timeout, Protocol::Chat)
+}
+
+/// [`connect`] for a caller speaking `protocol` (its handshake or refusal).
+pub(crate) fn connect_with(url: &str, timeout: Duration, protocol: Protocol) -> Connected {
     let deadline = Instant::now() + timeout;
     let attempt = || -> Result<Connected> {
         let addr = http_addr(url)?;
@@ -173,17 +181,12 @@ pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
             }
             ws.get_ref().set_read_timeout(Some(left))?;
             match ws.read() {
-                Ok(Message::Binary(data)) => match data.first() {
-                    Some(0x00) => return Ok(Connected::Ok(Box::new(ws))),
-                    Some(0x05) => {
-                        return Ok(Connected::Refused(
-                            String::from_utf8_lossy(&data[1..]).into_owned(),
-                        ))
-                    }
-                    _ => {}
-                },
                 Ok(Message::Close(_)) => return Err(anyhow!("closed before the handshake")),
-                Ok(_) => {}
+                Ok(msg) => match protocol.handshake(&msg) {
+                    Some(Ok(())) => return Ok(Connected::Ok(Box::new(ws))),
+                    Some(Err(why)) => return Ok(Connected::Refused(why)),
+                    None => {}
+                },
                 Err(e) if would_block(&e) => {}
                 Err(e) => return Err(anyhow!("before the handshake: {e}")),
             }
@@ -218,11 +221,7 @@ fn session(
         let lost = shared.loss > 0.0 && rng.unit() < shared.loss;
         schedule.push((complete, send, lost));
     }
-    let mut writer = StreamWriter::new(&shared.audio);
-    let mut decoder = OggOpusDecoder::new(DecoderConfig {
-        trim_pre_skip: false,
-        ..DecoderConfig::default()
-    })?;
+    let mut caller = shared.protocol.caller(&shared.audio)?;
     ws.get_ref().set_nonblocking(true)?;
     let fd = ws.get_ref().as_raw_fd();
     let mut next = 0usize;
@@ -236,8 +235,8 @@ fn session(
                 if lost {
                     out.frames_lost += 1;
                 } else {
-                    let message = writer.message(&shared.audio, next)?;
-                    match ws.send(Message::Binary(Bytes::copy_from_slice(message))) {
+                    let message = caller.frame_message(&shared.audio, next)?;
+                    match ws.send(message) {
                         Ok(()) => {}
                         // Queued in tungstenite; flushed below.
                         Err(e) if would_block(&e) => unflushed = true,
@@ -276,32 +275,9 @@ fn session(
         // from an earlier read, so always read until it would block).
         loop {
             match ws.read() {
-                Ok(Message::Binary(data)) => {
+                Ok(msg @ (Message::Binary(_) | Message::Text(_))) => {
                     let arrival = ms_since(t0, Instant::now());
-                    match data.first() {
-                        Some(0x01) => {
-                            let mut samples = 0;
-                            for piece in data[1..].chunks(32 * 1024) {
-                                decoder.push_bytes(piece)?;
-                                while let Some(pcm) = decoder.next_pcm()? {
-                                    samples += pcm.len();
-                                    if let Some(keep) = out.answer_pcm.as_mut() {
-                                        keep.extend_from_slice(pcm);
-                                    }
-                                }
-                            }
-                            out.matcher.audio(samples, arrival);
-                        }
-                        Some(0x02) => out.text_messages += 1,
-                        Some(0x04) => out.metadata = serde_json::from_slice(&data[1..]).ok(),
-                        Some(0x05) => {
-                            return Err(anyhow!(
-                                "server error: {}",
-                                String::from_utf8_lossy(&data[1..])
-                            ))
-                        }
-                        _ => {}
-                    }
+                    caller.on_message(msg, arrival, out)?;
                 }
                 Ok(Message::Close(_)) => {
                     if next < schedule.len() {

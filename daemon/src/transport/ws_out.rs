@@ -278,7 +278,11 @@ mod tests {
         }
         assert_eq!(
             w.as_bytes().len(),
-            sizes.iter().chain(&[2]).map(|&n| text_message_bytes(n)).sum::<usize>()
+            sizes
+                .iter()
+                .chain(&[2])
+                .map(|&n| text_message_bytes(n))
+                .sum::<usize>()
         );
     }
 

@@ -176,7 +176,11 @@ impl OutFrames {
 
     /// Changes the format (the frames queued are dropped; the session
     /// writes them before it applies an update).
-    pub fn set_format(&mut self, format: AudioFormat, capacity: usize) -> Result<(), ResampleError> {
+    pub fn set_format(
+        &mut self,
+        format: AudioFormat,
+        capacity: usize,
+    ) -> Result<(), ResampleError> {
         let rate = format.rate_hz();
         self.resampler = if rate == SAMPLE_RATE_HZ {
             None

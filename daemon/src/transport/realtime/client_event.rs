@@ -219,7 +219,10 @@ mod tests {
             assert_eq!(e.code, "invalid_event", "{bad}");
         }
         let mut out = [0u8; 4];
-        assert_eq!(decode_audio("!!!!", &mut out, 2).unwrap_err().code, "invalid_audio");
+        assert_eq!(
+            decode_audio("!!!!", &mut out, 2).unwrap_err().code,
+            "invalid_audio"
+        );
         // Too long for the buffer.
         assert!(decode_audio("AAAAAAAAAAAA", &mut out, 1).is_err());
         // An odd byte of 16-bit audio.

@@ -203,15 +203,21 @@ impl RtSession {
             return Err(Reject::Refused(
                 ApiError::invalid(
                     "item_truncate_invalid_item_id",
-                    format!("`{}` is not an item of the model in this session", clip(item_id)),
+                    format!(
+                        "`{}` is not an item of the model in this session",
+                        clip(item_id)
+                    ),
                 )
                 .param("item_id"),
             ));
         };
         if event.content_index.unwrap_or(0) != 0 {
             return Err(Reject::Refused(
-                ApiError::invalid("invalid_value", "the model's items have one content part: 0")
-                    .param("content_index"),
+                ApiError::invalid(
+                    "invalid_value",
+                    "the model's items have one content part: 0",
+                )
+                .param("content_index"),
             ));
         }
         if self.responses.open() == Some(n) {
@@ -231,7 +237,10 @@ impl RtSession {
     pub async fn emit_conversation_frame(&mut self) -> Result<(), EndReason> {
         let token = self.out_frames.front().map_or(0, |(_, t)| t);
         let shared = self.shared.clone();
-        let piece = shared.pieces.text_for_token(token).filter(|p| !p.is_empty());
+        let piece = shared
+            .pieces
+            .text_for_token(token)
+            .filter(|p| !p.is_empty());
         let action = self.responses.on_frame(piece.is_some());
         if let Some(n) = action.open {
             self.open_response(n).await?;
@@ -298,11 +307,17 @@ impl RtSession {
             }
             v
         };
-        let details = ending.reason().map(|r| json!({"type": ending.status(), "reason": r}));
+        let details = ending
+            .reason()
+            .map(|r| json!({"type": ending.status(), "reason": r}));
         let events = [
             with(json!({"type": "response.output_audio.done"})),
-            with(json!({"type": "response.output_audio_transcript.done", "transcript": transcript})),
-            with(json!({"type": "response.content_part.done", "part": {"type": "audio", "transcript": transcript}})),
+            with(
+                json!({"type": "response.output_audio_transcript.done", "transcript": transcript}),
+            ),
+            with(
+                json!({"type": "response.content_part.done", "part": {"type": "audio", "transcript": transcript}}),
+            ),
             json!({"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": item}),
             json!({"type": "conversation.item.done", "previous_item_id": null, "item": item}),
             json!({"type": "response.done", "response": self.response_json(n, ending.status(), details, json!([item]))}),
@@ -348,7 +363,11 @@ impl RtSession {
                         "item_id": self.wire.user_item_id(self.user_items),
                     });
                     self.send_event(&e).await?;
-                    if self.settings.turn_detection.is_some_and(|t| t.interrupt_response) {
+                    if self
+                        .settings
+                        .turn_detection
+                        .is_some_and(|t| t.interrupt_response)
+                    {
                         self.close_open_response(Ending::TurnDetected).await?;
                     }
                 }
@@ -370,7 +389,9 @@ impl RtSession {
 /// What `response.create` may ask: the session's own settings only.
 pub fn check_response_params(r: &Value) -> Result<(), ApiError> {
     let Some(obj) = r.as_object() else {
-        return Err(ApiError::invalid("invalid_value", "`response` must be an object").param("response"));
+        return Err(
+            ApiError::invalid("invalid_value", "`response` must be an object").param("response"),
+        );
     };
     for (key, v) in obj {
         let param = format!("response.{key}");
@@ -402,15 +423,23 @@ mod tests {
     #[test]
     fn response_create_takes_the_sessions_own_settings() {
         assert!(check_response_params(&json!({"output_modalities": ["audio"]})).is_ok());
-        assert!(check_response_params(&json!({"conversation": "auto", "instructions": ""})).is_ok());
+        assert!(
+            check_response_params(&json!({"conversation": "auto", "instructions": ""})).is_ok()
+        );
         for (r, param) in [
-            (json!({"output_modalities": ["text"]}), "response.output_modalities"),
+            (
+                json!({"output_modalities": ["text"]}),
+                "response.output_modalities",
+            ),
             (json!({"instructions": "say hi"}), "response.instructions"),
             (json!({"conversation": "none"}), "response.conversation"),
             (json!({"input": []}), "response.input"),
             (json!({"temperature": 1}), "response.temperature"),
         ] {
-            assert_eq!(check_response_params(&r).unwrap_err().param.as_deref(), Some(param));
+            assert_eq!(
+                check_response_params(&r).unwrap_err().param.as_deref(),
+                Some(param)
+            );
         }
         assert!(check_response_params(&json!(3)).is_err());
     }

@@ -119,7 +119,11 @@ impl Responses {
 
     /// One output frame; `speaks` says whether its text is a word piece.
     pub fn on_frame(&mut self, speaks: bool) -> FrameAction {
-        self.silent = if speaks { 0 } else { self.silent.saturating_add(1) };
+        self.silent = if speaks {
+            0
+        } else {
+            self.silent.saturating_add(1)
+        };
         let mut action = FrameAction::default();
         if self.muted {
             if self.silent >= self.silence_frames {
@@ -187,7 +191,10 @@ mod tests {
         assert_eq!(r.cancel(Ending::ClientCancelled), Some(1));
         assert_eq!(r.cancel(Ending::ClientCancelled), None);
         let a = run(&mut r, "w.w..w");
-        assert!(a[..5].iter().all(|x| x.send.is_none() && x.open.is_none()), "{a:?}");
+        assert!(
+            a[..5].iter().all(|x| x.send.is_none() && x.open.is_none()),
+            "{a:?}"
+        );
         assert_eq!(a[5].open, Some(2));
         r.cancel(Ending::TurnDetected);
         assert!(r.muted());

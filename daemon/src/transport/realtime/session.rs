@@ -176,12 +176,8 @@ pub async fn run(
                     ApiError::invalid("bad_parameters", e),
                 )
             })?;
-        let mode = response_mode(&query, cfg.realtime.responses).map_err(|e| {
-            (
-                EndReason::BadParameters(e.message.clone()),
-                e,
-            )
-        })?;
+        let mode = response_mode(&query, cfg.realtime.responses)
+            .map_err(|e| (EndReason::BadParameters(e.message.clone()), e))?;
         Ok((params, mode))
     });
     let ((params, webhook), mode) = match setup {
@@ -212,7 +208,14 @@ pub async fn run(
             rec.end(EndReason::SendFailed(e.clone()));
             link.finish_events(&rec);
             let err = ApiError::server("internal_error", e);
-            return refuse(ws, rec, EndReason::SendFailed(String::new()), err, &link.app).await;
+            return refuse(
+                ws,
+                rec,
+                EndReason::SendFailed(String::new()),
+                err,
+                &link.app,
+            )
+            .await;
         }
     };
     let reason = match s.send_created().await {
@@ -283,8 +286,11 @@ impl RtSession {
             },
         };
         let in_flight = cfg.session.max_frames_in_flight + 1;
-        let audio = AudioIn::new(settings.input, max_audio_bytes(cfg.realtime.max_event_bytes))
-            .and_then(|i| Ok((i, OutFrames::new(settings.output, in_flight)?)));
+        let audio = AudioIn::new(
+            settings.input,
+            max_audio_bytes(cfg.realtime.max_event_bytes),
+        )
+        .and_then(|i| Ok((i, OutFrames::new(settings.output, in_flight)?)));
         let (input, out_frames) = match audio {
             Ok(a) => a,
             Err(e) => return Err((ws, link, rec, format!("audio path: {e}"))),
@@ -604,10 +610,7 @@ impl RtSession {
             return Ok(());
         }
         let t = metrics_on.then(Instant::now);
-        self.ws
-            .flush()
-            .await
-            .map_err(ws_end_reason)?;
+        self.ws.flush().await.map_err(ws_end_reason)?;
         let written = self.ws.get_mut().write_all(self.wire.as_bytes()).await;
         self.wire.clear();
         if let (Some(t), Some(send)) = (t, self.unrecorded_send.take()) {

@@ -275,7 +275,10 @@ fn audio_input(next: &mut Settings, value: &Value, endpoint: Endpoint) -> Result
             "format" => {
                 let f = format(v, &param)?;
                 if endpoint == Endpoint::Translation && f != AudioFormat::Pcm {
-                    return Err(ApiError::field(param, "translation sessions take audio/pcm"));
+                    return Err(ApiError::field(
+                        param,
+                        "translation sessions take audio/pcm",
+                    ));
                 }
                 next.input = f;
             }
@@ -322,7 +325,12 @@ fn audio_output(
             (Endpoint::Conversation, "speed") => match v.as_f64() {
                 None if v.is_null() => {}
                 Some(s) if s == 1.0 => {}
-                _ => return Err(ApiError::field(param, "the model speaks at its own speed: 1.0")),
+                _ => {
+                    return Err(ApiError::field(
+                        param,
+                        "the model speaks at its own speed: 1.0",
+                    ))
+                }
             },
             (Endpoint::Translation, "language") => match v.as_str() {
                 Some(l) if same_language(l, language) => {}
@@ -381,7 +389,10 @@ fn turn_detection(
             },
             "idle_timeout_ms" if v.is_null() => {}
             "idle_timeout_ms" => {
-                return Err(ApiError::field(p, "the model decides when it speaks: no idle prompt"))
+                return Err(ApiError::field(
+                    p,
+                    "the model decides when it speaks: no idle prompt",
+                ))
             }
             _ => return Err(unknown(&p)),
         }
@@ -426,7 +437,12 @@ fn format(v: &Value, param: &str) -> Result<AudioFormat, ApiError> {
 /// Whether two language tags name the same language (their primary
 /// subtags, case aside: `en-US` is `en`).
 pub fn same_language(a: &str, b: &str) -> bool {
-    let primary = |t: &str| t.split(['-', '_']).next().unwrap_or("").to_ascii_lowercase();
+    let primary = |t: &str| {
+        t.split(['-', '_'])
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    };
     !a.is_empty() && primary(a) == primary(b)
 }
 
@@ -474,7 +490,10 @@ mod tests {
         assert_eq!(n.input, AudioFormat::G711(Law::Mu));
         assert_eq!(n.output, AudioFormat::G711(Law::A));
         let t = n.turn_detection.unwrap();
-        assert_eq!((t.threshold, t.silence_duration_ms, t.prefix_padding_ms), (0.7, 200, 300));
+        assert_eq!(
+            (t.threshold, t.silence_duration_ms, t.prefix_padding_ms),
+            (0.7, 200, 300)
+        );
         let off = update(&n, json!({"audio": {"input": {"turn_detection": false}}})).unwrap();
         assert!(off.turn_detection.is_none());
         let off = update(&n, json!({"audio": {"input": {"turn_detection": null}}})).unwrap();
@@ -488,14 +507,35 @@ mod tests {
         let s = Settings::default();
         for (v, param) in [
             (json!({"instructions": "be nice"}), "session.instructions"),
-            (json!({"audio": {"output": {"voice": "alloy"}}}), "session.audio.output.voice"),
+            (
+                json!({"audio": {"output": {"voice": "alloy"}}}),
+                "session.audio.output.voice",
+            ),
             (json!({"tools": [{"type": "function"}]}), "session.tools"),
-            (json!({"output_modalities": ["text"]}), "session.output_modalities"),
-            (json!({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}), "session.audio.input.format.rate"),
-            (json!({"audio": {"input": {"format": {"type": "audio/opus"}}}}), "session.audio.input.format.type"),
-            (json!({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}), "session.audio.input.turn_detection.type"),
-            (json!({"audio": {"input": {"turn_detection": {"create_response": false}}}}), "session.audio.input.turn_detection.create_response"),
-            (json!({"audio": {"input": {"transcription": {"model": "whisper-1"}}}}), "session.audio.input.transcription"),
+            (
+                json!({"output_modalities": ["text"]}),
+                "session.output_modalities",
+            ),
+            (
+                json!({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}),
+                "session.audio.input.format.rate",
+            ),
+            (
+                json!({"audio": {"input": {"format": {"type": "audio/opus"}}}}),
+                "session.audio.input.format.type",
+            ),
+            (
+                json!({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}),
+                "session.audio.input.turn_detection.type",
+            ),
+            (
+                json!({"audio": {"input": {"turn_detection": {"create_response": false}}}}),
+                "session.audio.input.turn_detection.create_response",
+            ),
+            (
+                json!({"audio": {"input": {"transcription": {"model": "whisper-1"}}}}),
+                "session.audio.input.transcription",
+            ),
             (json!({"temperature": 0.8}), "session.temperature"),
             (json!({"type": "transcription"}), "session.type"),
         ] {
@@ -503,7 +543,10 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{v}: {e:?}");
         }
         // A bad field after a good one: nothing applies.
-        let e = update(&s, json!({"audio": {"input": {"format": {"type": "audio/pcmu"}}}, "instructions": "x"}));
+        let e = update(
+            &s,
+            json!({"audio": {"input": {"format": {"type": "audio/pcmu"}}}, "instructions": "x"}),
+        );
         assert!(e.is_err());
         assert!(update(&s, json!("not an object")).is_err());
     }
@@ -518,7 +561,10 @@ mod tests {
         assert_eq!(e.code, "unsupported_language");
         assert!(e.message.contains("`en`"), "{}", e.message);
         assert_eq!(
-            t(json!({"audio": {"input": {"transcription": {"model": "x"}}}})).unwrap_err().param.as_deref(),
+            t(json!({"audio": {"input": {"transcription": {"model": "x"}}}}))
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("session.audio.input.transcription")
         );
         assert!(t(json!({"audio": {"input": {"turn_detection": null}}})).is_err());
@@ -527,7 +573,11 @@ mod tests {
 
     #[test]
     fn session_objects_have_the_api_fields() {
-        let d = Described { id: "sess_1", model: "m", expires_at: 7 };
+        let d = Described {
+            id: "sess_1",
+            model: "m",
+            expires_at: 7,
+        };
         let v = realtime_session_json(&Settings::default(), &d);
         assert_eq!(v["type"], "realtime");
         assert_eq!(v["audio"]["input"]["format"]["rate"], 24000);

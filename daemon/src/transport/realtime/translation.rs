@@ -103,7 +103,10 @@ impl RtSession {
             d.done |= d.text_eos == Some(token);
         }
         let shared = self.shared.clone();
-        let piece = shared.pieces.text_for_token(token).filter(|p| !p.is_empty());
+        let piece = shared
+            .pieces
+            .text_for_token(token)
+            .filter(|p| !p.is_empty());
         self.room_for_a_frame().await?;
         let of = DeltaOf::Translation(self.frames_emitted * FRAME_MS as u64);
         let (bytes, _) = self.out_frames.front().expect("a frame waits");

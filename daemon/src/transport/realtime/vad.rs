@@ -55,9 +55,7 @@ impl Vad {
         Vad {
             on_mean_square: 10f32.powf(level_db / 10.0),
             prefix_ms: t.prefix_padding_ms as u64,
-            silence_frames: (t.silence_duration_ms as u64)
-                .div_ceil(FRAME_MS_U64)
-                .max(1) as u32,
+            silence_frames: (t.silence_duration_ms as u64).div_ceil(FRAME_MS_U64).max(1) as u32,
             speaking: false,
             silent: 0,
             frames: 0,
@@ -130,13 +128,21 @@ mod tests {
             assert_eq!(v.push(&quiet), None);
         }
         // Frame 5 starts at 400 ms; 300 ms of padding.
-        assert_eq!(v.push(&loud), Some(VadEvent::Started { audio_start_ms: 100 }));
+        assert_eq!(
+            v.push(&loud),
+            Some(VadEvent::Started {
+                audio_start_ms: 100
+            })
+        );
         assert!(v.speaking());
         assert_eq!(v.push(&loud), None);
         // 200 ms is three frames of silence: frames 7, 8, 9 end at 800 ms.
         assert_eq!(v.push(&quiet), None);
         assert_eq!(v.push(&quiet), None);
-        assert_eq!(v.push(&quiet), Some(VadEvent::Stopped { audio_end_ms: 800 }));
+        assert_eq!(
+            v.push(&quiet),
+            Some(VadEvent::Stopped { audio_end_ms: 800 })
+        );
         assert!(!v.speaking());
         // A short silence inside speech does not stop it.
         v.push(&loud);

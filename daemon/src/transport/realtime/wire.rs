@@ -223,14 +223,18 @@ mod tests {
             .unwrap();
         w.push_audio_delta(DeltaOf::Translation(160), &audio[..640])
             .unwrap();
-        w.push_transcript_delta(DeltaOf::Translation(160), "hi").unwrap();
+        w.push_transcript_delta(DeltaOf::Translation(160), "hi")
+            .unwrap();
         let m = messages(w.as_bytes());
         assert_eq!(m[0]["type"], "response.output_audio.delta");
         assert_eq!(m[0]["event_id"], "event_9_1");
         assert_eq!(m[0]["response_id"], "resp_9_2");
         assert_eq!(m[0]["item_id"], "item_9_a2");
         assert_eq!(m[0]["content_index"], 0);
-        assert_eq!(BASE64.decode(m[0]["delta"].as_str().unwrap()).unwrap(), audio);
+        assert_eq!(
+            BASE64.decode(m[0]["delta"].as_str().unwrap()).unwrap(),
+            audio
+        );
         assert_eq!(m[1]["delta"], " \"quoted\"\n é");
         assert_eq!(m[1]["type"], "response.output_audio_transcript.delta");
         assert_eq!(m[2]["type"], "session.output_audio.delta");
