@@ -132,8 +132,82 @@ def session_query():
         "greedy=true&seed=-1&worker_auth_id=abc&pad_mult=0",
         "condition.description=very_good&null_condition.description=very_bad&cfg_coef=3.0",
         "?text_temperature=1e1&audio_topk=1000000&greedy=0&x=%C3%A9+y",
+        "pad_mult=-1.5&repetition_penalty=1.2&repetition_penalty_context=64",
+        "voice_prompt=NATF0.pt&text_prompt=You%20enjoy%20having%20a%20good%20conversation.",
+        "voice_prompt=..%2Fx.pt&text_prompt=&repetition_penalty=1",
     ]):
         yield "q%d" % i, q.encode()
+
+
+PERSONA = os.path.join(ROOT, "..", "shared", "golden-next", "personaplex-tiny")
+
+
+@seeds("voice_pt")
+def voice_pt():
+    # NVIDIA's .pt as torch.save writes it (the fixture's), and cuts of it.
+    pt = os.path.join(PERSONA, "voice_b.pt")
+    if os.path.exists(pt):
+        data = open(pt, "rb").read()
+        yield "voice_b", data
+        yield "voice_b-half", data[: len(data) // 2]
+        yield "voice_b-tail", data[-600:]
+
+
+def wav(rate, bits, fmt, samples, channels=1, extensible=False):
+    width = bits // 8
+    if fmt == 3:
+        body = b"".join(struct.pack("<f" if bits == 32 else "<d", s) for s in samples)
+    elif bits == 8:
+        body = bytes(int(128 + 127 * s) for s in samples)
+    else:
+        body = b"".join(int(s * (2 ** (bits - 1) - 1)).to_bytes(width, "little", signed=True) for s in samples)
+    tag = 0xFFFE if extensible else fmt
+    fmt_body = struct.pack("<HHIIHH", tag, channels, rate, rate * width * channels, width * channels, bits)
+    if extensible:
+        fmt_body += struct.pack("<HHI", 22, bits, 4) + struct.pack("<H", fmt) + bytes(14)
+    chunks = b"fmt " + struct.pack("<I", len(fmt_body)) + fmt_body + b"data" + struct.pack("<I", len(body)) + body
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+@seeds("voice_wav")
+def voice_wav():
+    import math
+    sine = [0.3 * math.sin(2 * math.pi * 220 * i / 24000) for i in range(12000)]
+    yield "pcm16-24k", wav(24000, 16, 1, sine)
+    yield "float32-24k", wav(24000, 32, 3, sine[:4000])
+    yield "pcm24-24k-ext", wav(24000, 24, 1, sine[:3000], extensible=True)
+    yield "pcm8-16k", wav(16000, 8, 1, sine[:2000])
+    yield "stereo16-48k", wav(48000, 16, 1, sine[:2000], channels=2)
+    a = os.path.join(PERSONA, "voice_a.wav")
+    if os.path.exists(a):
+        yield "voice_a", open(a, "rb").read()
+
+
+def safetensors(tensors):
+    header, offset, data = {}, 0, b""
+    for name, shape in tensors:
+        n = 4
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
+        data += bytes(n)
+        offset += n
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+@seeds("lora_adapter")
+def lora_adapter():
+    # Small shapes: the header is what is parsed (data is never read).
+    yield "one-pair", safetensors([("text_linear.lora_A.weight", [8, 16]), ("text_linear.lora_B.weight", [16, 8])])
+    yield "stacked-layout", safetensors([("transformer.layers.0.self_attn.in_proj.lora_A.weight", [8, 16])])
+    yield "half-pair", safetensors([("linears.0.lora_B.weight", [16, 8])])
+    yield "ft-embed", safetensors([("text_emb.weight", [4, 4])])
+    f = os.path.join(ROOT, "..", "shared", "golden-next", "moshi-lora-tiny", "lora.safetensors")
+    if os.path.exists(f):
+        data = open(f, "rb").read()
+        n = struct.unpack("<Q", data[:8])[0]
+        yield "moshi-lora-tiny-header", data[: 8 + n]
 
 
 def rtp(pt, seq, ts, payload, marker=False, csrc=0, ext=None, pad=0):

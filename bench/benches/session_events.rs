@@ -11,8 +11,8 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use moshid::events::{EventHub, EventsConfig, SessionState};
 use moshid::session::record::SessionRecord;
-use moshid::telephony::g711::Law;
 use moshid_model::spm::{PieceKind, PieceTable};
+use moshid_telephony::g711::Law;
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {

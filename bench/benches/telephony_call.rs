@@ -10,11 +10,11 @@
 //! the ratio.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use moshid::telephony::g711::{linear_to_ulaw, Law};
-use moshid::telephony::{CodecSpec, FrameResampler};
-use moshid::transport::rtp::jitter::{JitterBuffer, JitterConfig, PacketKind};
-use moshid::transport::rtp::packet::{parse, write_header};
-use moshid::transport::rtp::sender::{Outbound, StreamStart};
+use moshid_telephony::g711::{linear_to_ulaw, Law};
+use moshid_telephony::rtp::jitter::{JitterBuffer, JitterConfig, PacketKind};
+use moshid_telephony::rtp::packet::{parse, write_header};
+use moshid_telephony::rtp::sender::{Outbound, StreamStart};
+use moshid_telephony::{CodecSpec, FrameResampler};
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -58,6 +58,7 @@ fn main() {
     let pcm = load_pcm(&model_dir);
     let mut params = SessionParams {
         gen: GenParams::greedy(),
+        ..SessionParams::default()
     };
     if !dir.lm.conditioners.is_empty() {
         params.gen = GenParams::greedy().with_hibiki_conditions(3.0);

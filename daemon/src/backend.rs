@@ -10,14 +10,21 @@
 //!
 //! With CUDA and no `model.max_slots`, the slot count is the largest the
 //! memory plan fits into the device's free memory less
-//! `model.cuda.memory_reserve_mib`, and it is printed.
+//! `model.cuda.memory_reserve_mib`, and it is printed. `"emu"` builds the
+//! GPU model on the kernels' CPU emulator (tests and rehearsals of the CUDA
+//! path), with [`CPU_DEFAULT_SLOTS`] slots unless configured.
+//!
+//! With `model.random_weights` the folder is the shape's (see
+//! [`crate::random_weights`]): the GPU model generates its weights on the
+//! device, the CPU backend reads the tiny shape's and refuses a full-size
+//! one after its preflight.
 
-use crate::config::{Backend, Config, CudaPrecision, KvCacheType};
-use anyhow::{bail, Context, Result};
+use crate::config::{Backend, Config, CPU_DEFAULT_SLOTS};
+use anyhow::{Context, Result};
 use moshid_kernels::device::cuda::{CudaDevice, CudaOpenOptions};
+use moshid_kernels::device::emu::EmuDevice;
 use moshid_kernels::device::{Device, DeviceError};
-use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
-use moshid_kernels::plan::{KvDtype, MemoryPlan, PlanOptions};
+use moshid_kernels::model::{GpuModel, GpuOptions};
 use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::cpu::CpuModel;
 use moshid_model::streaming::StreamingModel;
@@ -47,6 +54,11 @@ pub fn build(config: &Config, dir: &CheckpointDir, cache: &Path) -> Result<Built
     let device = match config.model.backend {
         Backend::Cpu => {
             return cpu(config, dir, "configured".into());
+        }
+        Backend::Emu => {
+            let mut config = config.clone();
+            config.model.max_slots = config.model.max_slots.or(Some(CPU_DEFAULT_SLOTS));
+            return gpu_as("emu", &config, dir, EmuDevice::new());
         }
         Backend::Cuda => open_device(config, cache).with_context(|| {
             format!(
@@ -82,6 +94,11 @@ fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
         "<6>backend: cpu preflight: {slots} slots fit; predicted step at batch 1: {}",
         predicted.explain()
     );
+    if let Some(shape) = random_shape(config) {
+        if shape.full_size() {
+            return Err(crate::random_weights::cpu_refusal(shape));
+        }
+    }
     let model = CpuModel::load(dir, slots)
         .with_context(|| format!("loading the weights in {}", dir.dir.display()))?;
     Ok(Built {
@@ -90,34 +107,20 @@ fn cpu(config: &Config, dir: &CheckpointDir, why: String) -> Result<Built> {
     })
 }
 
-/// The CUDA backend's precision, KV cache type and memory plan for `dir`
-/// under `config` (what [`gpu`] builds, and what `check-checkpoint` reports).
-pub fn cuda_plan(config: &Config, dir: &CheckpointDir) -> Result<(Precision, KvDtype, MemoryPlan)> {
-    let c = &config.model.cuda;
-    let (precision, kv) = match (c.precision, c.kv()) {
-        (CudaPrecision::Bf16, KvCacheType::Bf16) => (Precision::Bf16, KvDtype::Bf16),
-        (CudaPrecision::Bf16, KvCacheType::Fp8) => (Precision::Bf16, KvDtype::Fp8E4m3),
-        (CudaPrecision::F32, KvCacheType::F32) => (Precision::F32, KvDtype::F32),
-        (p, k) => bail!("config key `model.cuda.kv_cache`: {k:?} with precision {p:?}"),
-    };
-    let mut plan = MemoryPlan::new(
-        &dir.lm,
-        &dir.mimi,
-        &PlanOptions {
-            lm_kv: kv,
-            ..PlanOptions::default()
-        },
-    );
-    if precision == Precision::F32 {
-        plan.lm_weight_bytes *= 2;
-    }
-    Ok((precision, kv, plan))
-}
-
 /// The GPU model on `dev` (a [`CudaDevice`] when serving; any [`Device`] in tests).
 pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) -> Result<Built> {
+    gpu_as("cuda", config, dir, dev)
+}
+
+/// [`gpu`], described as the backend `label`.
+fn gpu_as<D: Device + 'static>(
+    label: &str,
+    config: &Config,
+    dir: &CheckpointDir,
+    dev: D,
+) -> Result<Built> {
     let c = &config.model.cuda;
-    let (precision, kv, plan) = cuda_plan(config, dir)?;
+    let (precision, kv, plan) = crate::preflight::cuda_plan(config, dir)?;
     let name = dev.name();
     let (free, total) = dev.memory().context("reading the GPU's free memory")?;
     let reserve = c.memory_reserve_mib << 20;
@@ -130,7 +133,7 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
         total as u64,
         reserve,
     )?;
-    eprintln!("<6>backend: cuda on {name}: building for {slots} slots ({how})");
+    eprintln!("<6>backend: {label} on {name}: building for {slots} slots ({how})");
     // A captured launch runs only when its graph does, where no sync can
     // follow it: debug-sync steps launch by launch.
     let graphs = c.graphs && !c.debug_sync;
@@ -146,22 +149,46 @@ pub fn gpu<D: Device + 'static>(config: &Config, dir: &CheckpointDir, dev: D) ->
         graphs,
         ..GpuOptions::default()
     };
-    let model = GpuModel::load(dev, dir, &opts)
-        .with_context(|| format!("loading the weights in {} onto the GPU", dir.dir.display()))?;
+    let (model, weights) = match random_shape(config) {
+        Some(shape) => (
+            GpuModel::random(dev, &dir.lm, &dir.mimi, crate::random_weights::SEED, &opts)
+                .with_context(|| format!("generating the {} weights on the GPU", shape.name))?,
+            format!(
+                "random {precision:?} weights ({}) made on the device",
+                shape.name
+            ),
+        ),
+        None => (
+            GpuModel::load(dev, dir, &opts).with_context(|| {
+                format!("loading the weights in {} onto the GPU", dir.dir.display())
+            })?,
+            format!("{precision:?} weights"),
+        ),
+    };
     Ok(Built {
         model: Box::new(model),
         description: format!(
-            "cuda ({name}; {precision:?} weights, {kv:?} KV cache, graphs {}{}; {slots} slots, {how})",
+            "{label} ({name}; {weights}, {kv:?} KV cache, graphs {}{}; {slots} slots, {how})",
             if graphs { "on" } else { "off" },
             if c.debug_sync { ", debug_sync" } else { "" }
         ),
     })
 }
 
+/// The random-weights shape the config names, if any (validated with the config).
+fn random_shape(config: &Config) -> Option<&'static crate::random_weights::RandomShape> {
+    config
+        .model
+        .random_weights
+        .as_deref()
+        .and_then(|n| crate::random_weights::resolve(n).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use moshid_kernels::device::emu::EmuDevice;
+    use moshid_kernels::plan::{MemoryPlan, PlanOptions};
 
     fn fixture() -> CheckpointDir {
         let d = Path::new(concat!(
@@ -217,6 +244,52 @@ mod tests {
             .unwrap();
         assert!(format!("{e:#}").contains("model.max_slots"), "{e:#}");
         assert!(format!("{e:#}").contains("not enough GPU memory"), "{e:#}");
+    }
+
+    #[test]
+    fn random_weights_are_made_on_the_device_and_said_so() {
+        let t = tempfile::tempdir().unwrap();
+        let shape = crate::random_weights::resolve("moshi-tiny").unwrap();
+        let dir = crate::random_weights::prepare(shape, t.path()).unwrap();
+        let mut config = Config::default();
+        config.model.random_weights = Some("moshi-tiny".into());
+        config.model.max_slots = Some(2);
+        config.model.cuda.memory_reserve_mib = 1;
+        let mut built = gpu(&config, &dir, EmuDevice::new()).unwrap();
+        assert!(
+            built
+                .description
+                .contains("random Bf16 weights (moshi-tiny) made on the device"),
+            "{}",
+            built.description
+        );
+        // It steps: every slot answers once the model's delay has passed.
+        let m = &mut built.model;
+        let mut batch = m.new_batch();
+        for s in 0..2 {
+            m.reset_slot(s, &Default::default()).unwrap();
+            batch.exec[s] = true;
+        }
+        let mut answered = 0;
+        for _ in 0..4 {
+            m.step(&mut batch).unwrap();
+            answered += batch.has_output.iter().filter(|&&o| o).count();
+        }
+        assert!(answered >= 2, "{answered} outputs");
+    }
+
+    #[test]
+    fn the_cpu_refuses_a_full_size_random_shape_with_the_way_out() {
+        let t = tempfile::tempdir().unwrap();
+        let shape = crate::random_weights::resolve("moshi-7b").unwrap();
+        let dir = crate::random_weights::prepare(shape, t.path()).unwrap();
+        let mut config = Config::default();
+        config.model.random_weights = Some("moshi-7b".into());
+        config.model.backend = Backend::Cpu;
+        config.model.allow_slow = true;
+        config.model.max_slots = Some(1);
+        let e = build(&config, &dir, t.path()).err().unwrap();
+        assert!(format!("{e:#}").contains("--backend cuda"), "{e:#}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! below less the default `model.cuda.memory_reserve_mib`; on a given
 //! machine the daemon uses the memory it finds free instead.
 
+use crate::config::Config;
 use moshid_kernels::plan::{KvDtype, MemoryPlan, PlanOptions};
 use moshid_model::checkpoint::{open_and_check, print_report};
 use moshid_model::config::{LmConfig, MimiConfig};
@@ -111,15 +112,15 @@ pub fn print_capacity(lm: &LmConfig, mimi: &MimiConfig) {
 }
 
 /// The command: the report, the plan and this machine's verdict for
-/// `setup` (what `moshid serve` with those arguments would find), or the
-/// reason and a failure code.
-pub fn main(dir: &Path, setup: &crate::cli::ServeArgs) -> ExitCode {
+/// `setup` (the configuration `moshid serve` with the same arguments would
+/// run with, or why there is none), or the reason and a failure code.
+pub fn main(dir: &Path, setup: Result<Config, String>) -> ExitCode {
     let started = std::time::Instant::now();
     match open_and_check(dir) {
         Ok((d, r)) => {
             print_report(&d, &r, started.elapsed());
             print_capacity(&d.lm, &d.mimi);
-            match setup.resolve() {
+            match setup {
                 Ok(cfg) => crate::preflight::report::print_for_this_machine(&d, &cfg),
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// OWNER/NAME[@REVISION] (`model.repo`).
     #[arg(long, conflicts_with = "model")]
     pub model_repo: Option<String>,
+    /// Serve a built-in shape with random weights instead of a checkpoint,
+    /// for measuring: moshi-7b, hibiki-2b, hibiki-1b, hibiki-zero-3b (made on
+    /// the GPU), or moshi-tiny (anywhere) (`model.random_weights`).
+    #[arg(long, value_name = "SHAPE", conflicts_with_all = ["model", "model_repo"])]
+    pub random_weights: Option<String>,
     /// Start even if the CPU backend cannot run the model in real time
     /// (`model.allow_slow`; admission still refuses what it cannot carry).
     #[arg(long)]
@@ -114,6 +119,11 @@ impl ServeArgs {
         if let Some(r) = &self.model_repo {
             cfg.model.repo = Some(r.clone());
             cfg.model.dir = None;
+        }
+        if let Some(shape) = &self.random_weights {
+            cfg.model.random_weights = Some(shape.clone());
+            cfg.model.dir = None;
+            cfg.model.repo = None;
         }
         if self.allow_slow {
             cfg.model.allow_slow = true;
@@ -231,6 +241,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let random = loaded.about.random_weights.clone();
     let ready_notifier = notifier.clone();
     let stopping_notifier = notifier.clone();
     let hooks = Hooks {
@@ -244,6 +255,9 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             }
             if let Some(a) = agent_addr {
                 println!("  agent-check:     {a} (HAProxy agent-port)");
+            }
+            if let Some(shape) = &random {
+                println!("  random weights:  {shape} (no speech, no meaning; for measuring)");
             }
             use std::io::Write;
             let _ = std::io::stdout().flush();
@@ -286,7 +300,7 @@ pub fn main() -> ExitCode {
                 max_slots,
                 ..ServeArgs::default()
             };
-            crate::check_checkpoint::main(&dir, &setup)
+            crate::check_checkpoint::main(&dir, setup.resolve())
         }
         Command::Pull { repo } => crate::hub::pull_command(&repo),
     }

@@ -6,21 +6,29 @@
 //! the stream's core, where it is encoded and sent.
 //!
 //! Layers, top to bottom; a module imports only from layers below its own
-//! (and, within a layer, without a circle):
+//! (and, within a layer, without a circle), which `daemon/tests/layers.rs`
+//! checks:
 //!
 //! 1. start-up: `cli`, `runtime`, `agent`, `systemd`, `check_checkpoint`,
-//!    `client` (`moshid client`), `preflight`, `backend`;
+//!    `client` (`moshid client`), `backend`, `preflight`;
 //! 2. [`api`]: the HTTP router and every control endpoint, `/metrics` and
 //!    `/capacity`, session events, the page;
-//! 3. [`transport`]: WebSocket chat, RTP, SIP, AudioSocket, Media Streams,
-//!    around the session core they share ([`transport::link`]);
-//! 4. the per-core session API: [`tls`], [`io`] (accept, connections,
-//!    mailboxes), [`events`], [`session`];
-//! 5. [`engine`];
-//! 6. [`config`] (every section and its validation);
-//! 7. leaves: [`codec`], [`telephony`], [`http`] parsing, [`metrics`]
-//!    counters, [`heap`], [`protocol`] (the WebSocket message kinds),
-//!    [`hub`], and the frame constants below.
+//! 3. [`transport`]: WebSocket chat, Media Streams, AudioSocket, SIP, RTP,
+//!    around the session core they share ([`transport::link`],
+//!    [`transport::line`], [`transport::ws_out`]);
+//! 4. the per-core session API: [`tls`], [`app`] (what every session on a
+//!    core reaches), [`io`] (accept, connections, mailboxes), [`events`],
+//!    [`session`];
+//! 5. [`config`] (every section and its validation);
+//! 6. [`engine`];
+//! 7. leaves: [`codec`], [`http`] parsing, [`metrics`] counters, [`heap`],
+//!    [`protocol`] (the WebSocket message kinds), [`hub`], [`random_weights`]
+//!    (the shapes served with random weights; it imports nothing of the
+//!    daemon), and the frame constants below.
+//!
+//! Below them all, crates of their own: the telephony protocols
+//! (`moshid-telephony`), the model (`moshid-model`), the GPU kernels
+//! (`moshid-kernels`) and the frame lanes (`moshid-ringbuf`).
 
 /// Samples per model frame (80 ms at 24 kHz).
 pub const FRAME_SAMPLES: usize = 1920;
@@ -29,15 +37,18 @@ pub const FRAME_MS: f64 = 80.0;
 /// The model's sample rate.
 pub const SAMPLE_RATE_HZ: u32 = 24_000;
 
+// The telephony protocols resample to and from this rate.
+const _: () = assert!(moshid_telephony::MODEL_RATE_HZ == SAMPLE_RATE_HZ);
+
 pub mod agent;
 pub mod api;
+pub mod app;
 pub mod backend;
 pub mod check_checkpoint;
 pub mod cli;
 pub mod client;
 pub mod codec;
 pub mod config;
-pub mod config_keys;
 pub mod engine;
 pub mod events;
 pub mod heap;
@@ -47,10 +58,9 @@ pub mod io;
 pub mod metrics;
 pub mod preflight;
 pub mod protocol;
-pub mod routes;
+pub mod random_weights;
 pub mod runtime;
 pub mod session;
 pub mod systemd;
-pub mod telephony;
 pub mod tls;
 pub mod transport;

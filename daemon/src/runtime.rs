@@ -11,12 +11,14 @@
 //! every thread before returning.
 
 use crate::api::router::accept_loop;
+use crate::api::ApiShared;
+use crate::app::{CoreApp, Shared};
 use crate::config::Config;
 use crate::engine::thread::Engine;
 use crate::engine::{core_links, CorePort, EngineShared};
-use crate::io::app::{CoreApp, Shared};
 use crate::io::core::{dispatch_loop, CoreContext};
 use crate::session::params::ModelInfo;
+use crate::transport::sip::status::SipShared;
 use anyhow::{anyhow, bail, Context, Result};
 use glommio::{LocalExecutorBuilder, Placement};
 use moshid_model::checkpoint::CheckpointDir;
@@ -124,20 +126,32 @@ pub fn default_cache_dir() -> PathBuf {
     std::env::temp_dir().join("moshid-cache")
 }
 
-/// Loads the configured checkpoint (or the demo) on the configured backend.
+/// Loads the configured checkpoint (or random weights of a shape, or the
+/// demo) on the configured backend.
 pub fn load_model(config: &Config) -> Result<LoadedModel> {
-    let (dir, demo) = match &config.model.dir {
-        Some(d) => (
+    let cache = config
+        .model
+        .cache_dir
+        .clone()
+        .unwrap_or_else(default_cache_dir);
+    let random = match config.model.random_weights.as_deref() {
+        Some(n) => Some(
+            crate::random_weights::resolve(n)
+                .map_err(|e| anyhow!("config key `model.random_weights`: {e}"))?,
+        ),
+        None => None,
+    };
+    let (dir, demo) = match (random, &config.model.dir) {
+        (Some(shape), _) => {
+            eprintln!("<4>model: {}", shape.marker());
+            (crate::random_weights::prepare(shape, &cache)?, false)
+        }
+        (None, Some(d)) => (
             CheckpointDir::open(d)
                 .with_context(|| format!("loading the checkpoint in {}", d.display()))?,
             false,
         ),
-        None => {
-            let cache = config
-                .model
-                .cache_dir
-                .clone()
-                .unwrap_or_else(default_cache_dir);
+        (None, None) => {
             let d = moshid_model::demo::ensure_demo(&cache).with_context(|| {
                 format!("writing the demo checkpoint under {}", cache.display())
             })?;
@@ -146,19 +160,18 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
     };
     dir.check()
         .with_context(|| format!("checking the checkpoint in {}", dir.dir.display()))?;
-    let cache = config
-        .model
-        .cache_dir
-        .clone()
-        .unwrap_or_else(default_cache_dir);
     let built = crate::backend::build(config, &dir, &cache)?;
     eprintln!("<6>backend: {}", built.description);
-    let about = crate::api::model::ModelDescription::new(
+    let mut about = crate::api::model::ModelDescription::new(
         &dir,
         demo,
         &built.description,
         built.model.max_slots(),
     );
+    if let Some(shape) = random {
+        about.name = format!("random weights: {}", shape.name);
+        about.random_weights = Some(shape.name.to_string());
+    }
     let model = built.model;
     let pieces = match &dir.tokenizer {
         Some(p) => PieceTable::from_file(p).map_err(|e| anyhow!("{}: {e}", p.display()))?,
@@ -182,8 +195,34 @@ pub fn load_model(config: &Config) -> Result<LoadedModel> {
             moshid_model::lm::EndOfStream::DrainUntilText { text_eos_id, .. } => Some(text_eos_id),
             moshid_model::lm::EndOfStream::WithInput => None,
         },
+        prompts: if model.takes_prompts() {
+            let tok = dir
+                .tokenizer
+                .as_ref()
+                .ok_or_else(|| anyhow!("a model with prompts needs its tokenizer"))?;
+            let encoder = moshid_model::spm_encode::Encoder::from_file(tok)
+                .map_err(|e| anyhow!("{}: {e}", tok.display()))?;
+            Some(std::sync::Arc::new(crate::session::prompt::PromptSetup {
+                voice_dir: config.model.voice_dir.clone(),
+                encoder,
+                lm: dir.lm.clone(),
+                frame_samples: model.frame_samples(),
+            }))
+        } else {
+            None
+        },
     };
-    let description = if demo {
+    let description = if let Some(shape) = random {
+        format!(
+            "the {:?} shape {} (dim {}, {} layers, context {}): {}",
+            dir.lm.model_type,
+            shape.name,
+            dir.lm.dim,
+            dir.lm.num_layers,
+            dir.lm.context,
+            shape.marker()
+        )
+    } else if demo {
         format!(
             "the embedded demo checkpoint ({}; random weights, no speech)",
             dir.dir.display()
@@ -249,12 +288,28 @@ pub fn run(
     let _sighup =
         crate::tls::SighupReloader::start(tls.clone()).context("installing the SIGHUP handler")?;
     let max_slots = loaded.model.max_slots();
-    let engine_shared = Arc::new(EngineShared::new(
+    // Random weights say so on the ready line too.
+    let random_marker = loaded
+        .about
+        .random_weights
+        .as_deref()
+        .and_then(|n| crate::random_weights::resolve(n).ok())
+        .map_or_else(String::new, |s| format!("; {}", s.marker()));
+    let mut engine_shared = EngineShared::new(
         max_slots,
         config.engine.phase_groups,
         config.engine.budget_margin_ms,
         config.runtime.io_cores,
-    ));
+    );
+    if config.model.backend == crate::config::Backend::Emu {
+        // The emulator's step times say nothing of a GPU's, nor of real
+        // time: priced, they would refuse every stream.
+        engine_shared.budget_ms = f64::INFINITY;
+        eprintln!(
+            "<4>engine: the emu backend's step times are not a GPU's: admission admits up to the slots, however slow the steps"
+        );
+    }
+    let engine_shared = Arc::new(engine_shared);
     // Stage metrics: the configured switch, and the Prometheus recorder
     // installed once as the process's `metrics` recorder.
     engine_shared.metrics.set_enabled(config.metrics.enabled);
@@ -286,6 +341,10 @@ pub fn run(
         config.engine.queued_frames_per_slot,
         config.engine.warmup_steps,
     );
+    engine.set_prompt_bounds(
+        config.engine.prompt_cache_entries,
+        config.engine.prompt_frames_per_tick,
+    );
     if let Some(hook) = hooks.on_tick.take() {
         engine.set_tick_hook(hook);
     }
@@ -301,10 +360,13 @@ pub fn run(
         })
         .context("starting the engine thread")?;
 
-    let mut shared = Shared::new(config.clone(), loaded.pieces, loaded.info);
-    shared.model = loaded.about;
-    shared.tls = tls;
-    let shared = Arc::new(shared);
+    let shared = Arc::new(Shared::new(config.clone(), loaded.pieces, loaded.info));
+    let api = Arc::new(ApiShared {
+        rtp: Arc::default(),
+        sip: Arc::new(SipShared::new(&config.sip)),
+        model: loaded.about,
+        tls,
+    });
     let lifecycle = Arc::new(AtomicU8::new(RUNNING));
     if config.audiosocket.enabled {
         crate::transport::audiosocket::check_params(&shared).map_err(|e| anyhow!("{e}"))?;
@@ -331,6 +393,7 @@ pub fn run(
             port,
             engine_shared.clone(),
             shared.clone(),
+            api.clone(),
             lifecycle.clone(),
             bound_tx.clone(),
         )?;
@@ -360,7 +423,7 @@ pub fn run(
     }
     let cap = engine_shared.capacity();
     eprintln!(
-        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}",
+        "<6>ready: {} slots, {} phase group(s), budget {:.1} ms, predicted step {:.2} ms at batch 1, {:.2} ms at batch {}{random_marker}",
         max_slots,
         config.engine.phase_groups,
         engine_shared.budget_ms,
@@ -448,6 +511,7 @@ fn spawn_core(
     port: CorePort,
     engine: Arc<EngineShared>,
     shared: Arc<Shared>,
+    api: Arc<ApiShared>,
     lifecycle: Arc<AtomicU8>,
     bound: mpsc::Sender<Bound>,
 ) -> Result<glommio::ExecutorJoinHandle<()>> {
@@ -533,9 +597,11 @@ fn spawn_core(
                     out,
                     sip_tcp,
                     app.clone(),
+                    api.rtp.clone(),
+                    api.sip.clone(),
                 ))
             });
-            let acceptor = glommio::spawn_local(accept_loop(listener, app));
+            let acceptor = glommio::spawn_local(accept_loop(listener, app, api));
             let _ = bound.send(Ok((local, audiosocket_local, sip_local)));
             let mut acceptor = Some(acceptor);
             loop {

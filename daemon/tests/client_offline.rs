@@ -9,11 +9,12 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use moshid::client::wav::{read_wav_24k_mono, resampled_len};
+use moshid::client::wav::read_wav_24k_mono;
 use moshid::client::{
     main_client, run_with_text_output, ChatConnection, ClientArgs, ClientError, ClientOptions,
     ServerEvent, DEFAULT_URL,
 };
+use moshid::codec::resample::resampled_len;
 use moshid::codec::FRAME_SAMPLES;
 use serde_json::json;
 use tungstenite::handshake::server::{Request, Response};

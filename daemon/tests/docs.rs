@@ -1,11 +1,11 @@
 //! The documentation cannot drift from the code or the repository:
 //!
 //! - every key the configuration accepts (enumerated from its own
-//!   definitions, [`moshid::config_keys`]) has its row in
+//!   definitions, [`moshid::config::keys`]) has its row in
 //!   `docs/configuration.md`, the page names no key the daemon refuses, each
 //!   row's default is the daemon's, and the page's defaults block is
 //!   `Config::default()`;
-//! - every route of the router's table ([`moshid::routes::ROUTES`]) has its
+//! - every route of the router's table ([`moshid::api::routes::ROUTES`]) has its
 //!   row in `docs/api.md`, and the page names no other;
 //! - `docs/layout.md` names every top-level folder and every module of the
 //!   daemon, and nothing else;
@@ -21,9 +21,9 @@ mod docs_common;
 
 use docs_common::markdown::{anchors, code_spans, links, prose_lines, sole_code, tables, Table};
 use docs_common::{docs_pages, read, repo_root};
+use moshid::api::routes::ROUTES;
+use moshid::config::keys::{config_keys, ConfigKey, KeyKind};
 use moshid::config::Config;
-use moshid::config_keys::{config_keys, ConfigKey, KeyKind};
-use moshid::routes::ROUTES;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};

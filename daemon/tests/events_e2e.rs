@@ -283,8 +283,8 @@ fn pcmu_packet(seq: u16, ts: u32) -> Vec<u8> {
     p[4..8].copy_from_slice(&ts.to_be_bytes());
     for i in 0..160u32 {
         let x = (2.0 * std::f32::consts::PI * 300.0 * ts.wrapping_add(i) as f32 / 8000.0).sin();
-        p.push(moshid::telephony::g711::linear_to_ulaw(
-            moshid::telephony::g711::f32_to_i16(0.3 * x),
+        p.push(moshid_telephony::g711::linear_to_ulaw(
+            moshid_telephony::g711::f32_to_i16(0.3 * x),
         ));
     }
     p

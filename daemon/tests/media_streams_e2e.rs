@@ -108,7 +108,7 @@ impl Client {
         let i = self.packets_sent;
         let ulaw: Vec<u8> = tone(8_000, i * 160, 160)
             .into_iter()
-            .map(moshid::telephony::g711::linear_to_ulaw)
+            .map(moshid_telephony::g711::linear_to_ulaw)
             .collect();
         let sid = self.sid.clone();
         self.send(json!({

@@ -456,8 +456,8 @@ impl Sender {
                 / 8000.0)
                 .sin()
                 * 0.3;
-            p.push(moshid::telephony::g711::linear_to_ulaw(
-                moshid::telephony::g711::f32_to_i16(x),
+            p.push(moshid_telephony::g711::linear_to_ulaw(
+                moshid_telephony::g711::f32_to_i16(x),
             ));
         }
         self.seq = self.seq.wrapping_add(1);

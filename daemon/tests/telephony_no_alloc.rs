@@ -13,11 +13,11 @@ mod events_rig;
 use alloc_count::count_allocations;
 
 use base64::Engine;
-use moshid::telephony::g711::Law;
-use moshid::transport::audiosocket::line::{LineCodec, LineIn, LineOut};
-use moshid::transport::audiosocket::protocol;
-use moshid::transport::media_streams::events;
+use moshid::transport::line::{LineCodec, LineIn, LineOut};
 use moshid::FRAME_SAMPLES;
+use moshid_telephony::audiosocket as protocol;
+use moshid_telephony::g711::Law;
+use moshid_telephony::media_streams as events;
 
 #[test]
 fn audiosocket_packets_do_not_allocate() {

@@ -9,8 +9,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::rtp::dtmf::{digit_of, DtmfDetector, DtmfEvent};
-use moshid::transport::rtp::packet::{is_rtcp, parse, HEADER_BYTES};
+use moshid_telephony::rtp::dtmf::{digit_of, DtmfDetector, DtmfEvent};
+use moshid_telephony::rtp::packet::{is_rtcp, parse, HEADER_BYTES};
 use moshid_fuzz::messages;
 
 fuzz_target!(|data: &[u8]| {

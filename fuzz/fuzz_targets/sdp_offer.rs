@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::sip::sdp::{negotiate, parse_offer, write_answer, Negotiation};
+use moshid_telephony::sip::sdp::{negotiate, parse_offer, write_answer, Negotiation};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(offer) = parse_offer(data) else {

@@ -2,7 +2,9 @@
 //! (`http::parse_query`) into session parameters (`session_params`) for a
 //! Moshi-shaped model with a conditioner and for a Hibiki-shaped one.
 //!
-//! Checked: no panic; accepted parameters are within the documented ranges.
+//! Checked: no panic; accepted parameters are within the documented ranges
+//! (Kyutai's text keys included, never with guidance); the prompt keys parse
+//! within their bounds.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -46,6 +48,15 @@ fuzz_target!(|data: &[u8]| {
             "cfg_coef {}",
             g.cfg_coef
         );
+        assert!((-10.0..=10.0).contains(&g.pad_mult), "pad_mult {}", g.pad_mult);
+        if let Some((c, p)) = g.repetition_penalty {
+            assert!((1..=512).contains(&c) && (0.1..=10.0).contains(&p), "penalty {c} {p}");
+            assert!(g.cfg_coef == 1.0, "the text keys with guidance");
+        }
+        let keys = moshid::session::prompt::prompt_keys(&pairs, true);
+        if let Ok(k) = keys {
+            assert!(k.text.len() <= moshid::session::prompt::MAX_TEXT_PROMPT_BYTES);
+        }
         for (name, value) in g.conditions.iter().chain(&g.null_conditions) {
             let (_, values) = model
                 .conditioners

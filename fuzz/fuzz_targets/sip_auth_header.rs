@@ -10,10 +10,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use moshid::transport::sip::auth::{Authenticator, Verdict};
-use moshid::transport::sip::auth_header::{self, DigestResponse};
+use moshid_telephony::sip::auth_header::{self, DigestResponse};
 use moshid::config::sip::SipAuthConfig;
-use moshid::transport::sip::message;
-use moshid::transport::sip::quoted_string::quoted;
+use moshid_telephony::sip::message;
+use moshid_telephony::sip::quoted_string::quoted;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 

@@ -12,10 +12,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::sip::auth_header::{self, DigestResponse};
+use moshid_telephony::sip::auth_header::{self, DigestResponse};
 use moshid::transport::sip::client_auth;
 use moshid::config::sip::SipClientCredentials;
-use moshid::transport::sip::{message, register, sdp};
+use moshid::transport::sip::register;
+use moshid_telephony::sip::{message, sdp};
 
 const PREFS: [&str; 4] = ["opus", "PCMU", "PCMA", "L16"];
 

@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::sip::{build, message};
+use moshid_telephony::sip::{build, message};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(Some(req)) = message::parse_request(data) else {

@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use moshid::transport::sip::framing::{Frame, Framer};
+use moshid_telephony::sip::framing::{Frame, Framer};
 
 const MAX: usize = 2048;
 

@@ -1,13 +1,14 @@
-//! Built-in shapes of the published models, for benches and memory plans run
-//! without their checkpoints (`gpu-bench` steps randomly initialised models of
-//! exactly these shapes; `check-checkpoint`'s tests build header-only
-//! folders of them).
+//! Built-in shapes of the published models, for benches, memory plans and
+//! measurements run without their checkpoints (`gpu-bench` steps randomly
+//! initialised models of exactly these shapes; `moshid serve
+//! --random-weights` serves them; `check-checkpoint`'s tests build
+//! header-only folders of them).
 //!
-//! **Serving never uses these**: moshid takes the context and every other
-//! dimension from the checkpoint's own `config.json` (the built-in Moshi 7B
-//! config, [`LmConfig::moshi_7b`], only for the folders that ship none, as
-//! the official loader does). A built-in that drifts from a published config
-//! only misprices a bench.
+//! **Serving a checkpoint never uses these**: moshid takes the context and
+//! every other dimension from the checkpoint's own `config.json` (the
+//! built-in Moshi 7B config, [`LmConfig::moshi_7b`], only for the folders
+//! that ship none, as the official loader does). A built-in that drifts
+//! from a published config only misprices a bench or a measurement.
 //!
 //! Each shape is written as a config.json in the official key format and
 //! parsed by [`LmConfig::from_json`], the parser every checkpoint's config
@@ -33,6 +34,10 @@
 
 use moshid_model::config::LmConfig;
 use serde_json::{json, Value};
+
+/// The seed of the random weights of these shapes (gpu-bench's models and
+/// `moshid serve --random-weights`: one seed, one model).
+pub const RANDOM_SEED: u64 = 0x6d6f_7368_6964;
 
 /// The models with built-in shapes, by the names the benches take.
 pub const MODELS: &[&str] = &["moshi7b", "hibiki2b", "hibiki1b", "hibiki-zero-3b"];

@@ -3,11 +3,12 @@
 //! in uneven chunks, then its session — tokens and codes exact, text logits
 //! and decoded audio within 1e-4 — and the same sessions restored from
 //! snapshots in other slots, identical to the ones that ran the prompt.
+//! `MOSHID_TEST_DEVICE=cuda` runs the same checks on a GPU.
 
 mod common;
 
+use common::device::{open, Kind};
 use common::fixtures::{persona_dirs, rel_err, tensor_f32, tensor_i64};
-use moshid_kernels::device::emu::EmuDevice;
 use moshid_kernels::model::{GpuModel, GpuOptions, Precision};
 use moshid_kernels::plan::KvDtype;
 use moshid_model::checkpoint::CheckpointDir;
@@ -42,6 +43,7 @@ fn prompt(
     Prompt {
         voice,
         text_tokens: text_prompt_tokens(&enc, stream["text_prompt"].as_str().unwrap()),
+        cache_key: None,
     }
 }
 
@@ -56,7 +58,9 @@ fn f32_sessions_match_the_official_code() {
             graphs: true,
             ..GpuOptions::default()
         };
-        let mut m = GpuModel::load(EmuDevice::new(), &d, &opts).unwrap();
+        // The emulator, or a GPU with MOSHID_TEST_DEVICE=cuda (f32 without
+        // FMA contraction, as gpu_golden's exact checks).
+        let mut m = GpuModel::load(open(Kind::Emu, false), &d, &opts).unwrap();
         assert!(m.takes_prompts());
         let bytes = std::fs::read(dir.join("io.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -70,6 +74,7 @@ fn f32_sessions_match_the_official_code() {
         let fs = m.frame_samples();
         let greedy = SessionParams {
             gen: GenParams::greedy(),
+            ..SessionParams::default()
         };
         let mut batch = m.new_batch();
         // A slot owing its prompt does not step.

@@ -33,6 +33,7 @@ fn bench_step(c: &mut Criterion) {
             let mut model = CpuModel::load(&d, batch).expect("weights");
             let mut params = SessionParams {
                 gen: GenParams::greedy(),
+                ..SessionParams::default()
             };
             if !d.lm.conditioners.is_empty() {
                 params.gen = GenParams::greedy().with_hibiki_conditions(3.0);

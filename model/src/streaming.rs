@@ -16,6 +16,9 @@ use std::sync::Arc;
 pub struct SessionParams {
     /// Decoding parameters (temperatures, top-k, seed, guidance, conditions).
     pub gen: GenParams,
+    /// The session's prompt (models with a prompt prefill; ignored by the
+    /// others).
+    pub prompt: Prompt,
 }
 
 /// Why a step failed for one slot (the others are unaffected).
@@ -81,6 +84,9 @@ pub struct Prompt {
     /// The role text's token ids (wrapped and tokenized as the model's
     /// server does).
     pub text_tokens: Vec<u32>,
+    /// What identifies this prompt for a cache of prefilled states (equal
+    /// keys must mean equal prompts); `None`: never cached.
+    pub cache_key: Option<String>,
 }
 
 /// Where a slot's prompt stands after [`StreamingModel::prompt_chunk`].
@@ -227,6 +233,17 @@ pub trait StreamingModel: Send {
 
     /// Steps every slot whose `exec` flag is set. Must not allocate.
     fn step(&mut self, batch: &mut Batch) -> Result<(), ModelError>;
+
+    /// Moves `slot` (just reset) to where a conversation older than the
+    /// model's context is — every later step attending over the whole
+    /// window — without running the steps in between, so that timing it
+    /// prices the worst case (the engine's warm-up, which admission reads).
+    /// The slot's outputs are meaningless until it is reset again. `false`,
+    /// and nothing done, where the backend cannot (its warm-up then times
+    /// fresh streams).
+    fn fill_context_for_timing(&mut self, _slot: usize) -> bool {
+        false
+    }
 
     /// Whether every session of this model starts with a prompt prefill
     /// (PersonaPlex). Its slots step only after [`Self::prompt_chunk`]

@@ -9,7 +9,7 @@ QUERY (`k=v&k=v`) goes on the URL (`extra_query`): session parameters.
 
 Each mode streams 6 s of test audio in real time (100 ms appends), receives
 the server's events as they come, and prints one JSON line (prefixed
-`SUMMARY `) with what it saw; the Rust test (daemon/tests/realtime_e2e.rs)
+`SUMMARY `) with what it saw; the Rust test (tests/e2e_realtime.rs)
 asserts on it. Exit status 0 once the session ran to its end; the checks
 are the test's.
 

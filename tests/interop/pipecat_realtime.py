@@ -11,7 +11,7 @@ speech events).
 
 Usage: pipecat_realtime.py ADDR MODEL TOKEN
 Prints one JSON line prefixed `SUMMARY `; the Rust test
-(daemon/tests/realtime_e2e.rs) asserts on it.
+(tests/e2e_realtime.rs) asserts on it.
 
 Needs: pip install 'pipecat-ai[openai]' (scripts/setup --tests).
 """

@@ -36,6 +36,7 @@ pub fn demo_answers(
         conditioners: Vec::new(),
         is_hibiki: false,
         drain_text_eos: None,
+        prompts: None,
     };
     let mut batch = model.new_batch();
     for slot in 0..streams {

@@ -43,15 +43,13 @@
 //! sessions 410. Authentication is the listener's (the bearer token where
 //! one is configured).
 
+use crate::app::CoreApp;
 use crate::events::relay::Watch;
+use crate::events::SESSIONS_PATH;
 use crate::http::{self, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
-
-/// The collection path.
-pub const SESSIONS_PATH: &str = "/v1/sessions";
 
 /// Whether `path` belongs to these endpoints.
 pub fn owns(path: &str) -> bool {

@@ -12,5 +12,25 @@ pub mod metrics;
 pub mod model;
 pub mod page;
 pub mod router;
+pub mod routes;
 pub mod rtp;
 pub mod sip;
+
+use crate::transport::rtp::Registry;
+use crate::transport::sip::status::SipShared;
+use std::sync::Arc;
+
+/// Daemon-wide values only the HTTP API (and start-up) reaches, beside
+/// every core's [`CoreApp`](crate::app::CoreApp).
+pub struct ApiShared {
+    /// Live RTP sessions (the control API reaches them from any core; the
+    /// RTP and SIP transports hold the same registry).
+    pub rtp: Arc<Registry>,
+    /// The SIP calls moshid places and its registrations (every core's SIP
+    /// endpoint holds the same tables).
+    pub sip: Arc<SipShared>,
+    /// The loaded model, described (`GET /v1/model`).
+    pub model: model::ModelDescription,
+    /// The listener's TLS, when `listen.tls_cert_file` is set.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
+}

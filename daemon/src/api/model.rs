@@ -25,13 +25,18 @@ pub struct Conditioner {
 pub struct ModelDescription {
     /// A name for people: the Hugging Face repository when the folder is in
     /// the hub's cache layout (`models--ORG--NAME/snapshots/REV`), else the
-    /// folder's name; `demo` for the embedded demo checkpoint.
+    /// folder's name; `demo` for the embedded demo checkpoint, `random
+    /// weights: SHAPE` for random weights.
     pub name: String,
-    /// `moshi` (dialogue) or `hibiki` (translation).
+    /// `moshi` (dialogue), `hibiki` (translation) or `personaplex` (dialogue
+    /// steered by `voice_prompt` and `text_prompt`).
     #[serde(rename = "type")]
     pub model_type: &'static str,
     /// The embedded demo checkpoint (random weights: no speech, no meaning).
     pub demo: bool,
+    /// The shape served with random weights (`--random-weights`), if any:
+    /// no speech, no meaning; for measuring.
+    pub random_weights: Option<String>,
     /// The backend, as the start-up log describes it.
     pub backend: String,
     /// Streams the model serves at once.
@@ -55,15 +60,19 @@ pub struct ModelDescription {
 impl ModelDescription {
     /// Describes the checkpoint in `dir` as loaded on `backend`.
     pub fn new(dir: &CheckpointDir, demo: bool, backend: &str, max_slots: usize) -> Self {
-        let hibiki = dir.lm.model_type == ModelType::Hibiki;
         ModelDescription {
             name: if demo {
                 "demo".to_string()
             } else {
                 name_of(&dir.dir)
             },
-            model_type: if hibiki { "hibiki" } else { "moshi" },
+            model_type: match dir.lm.model_type {
+                ModelType::Hibiki => "hibiki",
+                ModelType::PersonaPlex => "personaplex",
+                ModelType::Moshi => "moshi",
+            },
             demo,
+            random_weights: None,
             backend: backend.to_string(),
             max_slots,
             sample_rate_hz: crate::SAMPLE_RATE_HZ,
@@ -97,6 +106,9 @@ impl ModelDescription {
                 "audio_temperature": short(defaults.audio_temperature),
                 "audio_topk": defaults.audio_topk,
                 "cfg_coef": short(defaults.cfg_coef),
+                "pad_mult": short(defaults.pad_mult),
+                "repetition_penalty": short(defaults.repetition_penalty),
+                "repetition_penalty_context": defaults.repetition_penalty_context,
             },
         })
     }

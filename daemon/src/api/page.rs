@@ -16,8 +16,8 @@
 //!   `Cache-Control: no-cache` (a new daemon's page is never mixed with an
 //!   old one's cached modules).
 
+use crate::app::CoreApp;
 use crate::http::{self, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use futures_lite::AsyncWrite;
 
 /// One embedded file.
@@ -89,7 +89,12 @@ pub fn owns(path: &str) -> bool {
 }
 
 /// Answers one request for a path [`owns`] accepted.
-pub async fn handle<S>(stream: &mut S, app: &CoreApp, head: &RequestHead) -> Result<(), HttpError>
+pub async fn handle<S>(
+    stream: &mut S,
+    app: &CoreApp,
+    api: &super::ApiShared,
+    head: &RequestHead,
+) -> Result<(), HttpError>
 where
     S: AsyncWrite + Unpin + ?Sized,
 {
@@ -97,7 +102,7 @@ where
         return http::write_error(stream, 405, "method not allowed").await;
     }
     if head.path == MODEL_PATH {
-        let body = app.shared.model.to_json(&app.shared.config.defaults);
+        let body = api.model.to_json(&app.shared.config.defaults);
         return http::write_json(stream, 200, &body).await;
     }
     match asset(&head.path) {

@@ -20,7 +20,7 @@
 //! [`PendingBudget`](crate::io::pending::PendingBudget): it may be closed to
 //! make room for a newer one, and the request must be complete within
 //! `listen.head_timeout_ms`; after that it is never evicted. A request is
-//! routed only when [`crate::routes::ROUTES`] holds its method and path
+//! routed only when [`super::routes::ROUTES`] holds its method and path
 //! (404 or 405 otherwise), so that table is the list of endpoints. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
 //! one is configured (WebSocket upgrades may carry it as the `auth_id`
@@ -30,21 +30,23 @@
 //! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
 //! at run time (unless `metrics.runtime_switch` is false).
 
+use super::ApiShared;
+use crate::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::transport::ws_chat;
 use glommio::net::TcpListener;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Accepts connections until the task is cancelled.
-pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
+pub async fn accept_loop(listener: TcpListener, app: CoreApp, api: Arc<ApiShared>) {
     let l = &app.shared.config.listen;
     let table = ConnTable::register(
-        &app,
+        &app.ctx,
         "http",
         l.max_connections_per_core,
         l.connections_per_ip(),
@@ -66,11 +68,12 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
         let pending = app.pending.admit(peer.ip());
         let _ = stream.set_nodelay(true);
         let app = app.clone();
+        let api = api.clone();
         glommio::spawn_local(async move {
             let _guard = guard;
             // The TLS handshake is part of the pending phase: one call puts
             // it under the core's budget (evictable, counted).
-            let stream = match &app.shared.tls {
+            let stream = match &api.tls {
                 None => Conn::Plain(stream),
                 Some(tls) => {
                     // tls.accept has its own deadline (and error); this one
@@ -96,7 +99,7 @@ pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
                     }
                 }
             };
-            handle_connection(stream, app, pending).await;
+            handle_connection(stream, app, &api, pending).await;
         })
         .detach();
     }
@@ -194,7 +197,7 @@ fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError>
     Ok(q)
 }
 
-async fn handle_connection(mut stream: Conn, app: CoreApp, pending: Pending) {
+async fn handle_connection(mut stream: Conn, app: CoreApp, api: &ApiShared, pending: Pending) {
     let limits = limits(&app);
     let mut buf = Vec::new();
     let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
@@ -231,7 +234,7 @@ async fn handle_connection(mut stream: Conn, app: CoreApp, pending: Pending) {
         let _ = http::write_error(&mut stream, 401, "missing or wrong bearer token").await;
         return;
     }
-    let result = route(&mut stream, &app, &head, &mut buf, &limits).await;
+    let result = route(&mut stream, &app, api, &head, &mut buf, &limits).await;
     match result {
         Ok(Route::Done) => {}
         Ok(Route::Chat) => {
@@ -305,7 +308,8 @@ async fn handle_connection(mut stream: Conn, app: CoreApp, pending: Pending) {
             )
             .await
             {
-                crate::transport::realtime::run(ws, app, query, id, endpoint).await;
+                crate::transport::realtime::run(ws, app, query, id, endpoint, &api.model.name)
+                    .await;
             }
         }
         Err(e) => {
@@ -321,14 +325,14 @@ enum Route {
     Realtime(crate::transport::realtime::Endpoint),
 }
 
-/// Answers 404 or 405 to a request [`crate::routes::ROUTES`] does not hold
+/// Answers 404 or 405 to a request [`super::routes::ROUTES`] does not hold
 /// (`false`); `true` when it holds it.
 async fn in_route_table(
     stream: &mut Conn,
     app: &CoreApp,
     head: &RequestHead,
 ) -> Result<bool, HttpError> {
-    use crate::routes::{resolve, Resolved, Switch};
+    use super::routes::{resolve, Resolved, Switch};
     let config = &app.shared.config;
     let on = |s: Switch| match s {
         Switch::MediaStreams => config.media_streams.enabled,
@@ -350,6 +354,7 @@ async fn in_route_table(
 async fn route(
     stream: &mut Conn,
     app: &CoreApp,
+    api: &ApiShared,
     head: &RequestHead,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
@@ -403,7 +408,7 @@ async fn route(
                 "capacity": engine.capacity(),
                 "engine": engine.stats.snapshot(),
                 "session_state": engine.session_state(),
-                "rtp_sessions": app.shared.rtp.len(),
+                "rtp_sessions": api.rtp.len(),
                 "events": app.shared.events.sizes(),
                 "phase_groups": engine.phase_groups,
             });
@@ -471,15 +476,15 @@ async fn route(
             Ok(Route::Done)
         }
         (_, path) if super::rtp::owns(path) => {
-            super::rtp::handle(stream, app, head, buf, limits).await?;
+            super::rtp::handle(stream, app, api, head, buf, limits).await?;
             Ok(Route::Done)
         }
         (_, path) if super::sip::owns(path) => {
-            super::sip::handle(stream, app, head, buf, limits).await?;
+            super::sip::handle(stream, app, api, head, buf, limits).await?;
             Ok(Route::Done)
         }
         (_, path) if super::page::owns(path) => {
-            super::page::handle(stream, app, head).await?;
+            super::page::handle(stream, app, api, head).await?;
             Ok(Route::Done)
         }
         _ => {

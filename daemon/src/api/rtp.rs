@@ -21,19 +21,22 @@
 //! Errors are JSON `{"error": …}` naming the field at fault (400), the
 //! session (404), or why no session can be made now (503).
 
+use super::ApiShared;
+use crate::app::CoreApp;
 use crate::events::webhook::WebhookUrl;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::session::params::session_params;
-use crate::telephony::{CodecKind, CodecSpec};
-use crate::transport::rtp::session::SessionSpec;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
 use crate::transport::rtp::state::{SessionState, EVENT_LOG_CAPACITY};
+use crate::transport::rtp::Registry;
 use moshid_model::streaming::SessionParams;
+use moshid_telephony::rtp::SessionSpec;
+use moshid_telephony::{CodecKind, CodecSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The collection path.
@@ -182,7 +185,7 @@ impl CreateRequest {
 /// Shared by the control calls that start sessions; the error names the
 /// field (a 400).
 pub fn session_of(
-    shared: &crate::io::app::Shared,
+    shared: &crate::app::Shared,
     pairs: &[(String, String)],
     webhook_url: Option<&str>,
 ) -> Result<(SessionParams, Option<WebhookUrl>), String> {
@@ -227,6 +230,7 @@ pub fn param_pairs(
 pub async fn handle(
     stream: &mut Conn,
     app: &CoreApp,
+    api: &ApiShared,
     head: &RequestHead,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
@@ -234,10 +238,9 @@ pub async fn handle(
     let rest = &head.path[SESSIONS_PATH.len()..];
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (head.method.as_str(), parts.as_slice()) {
-        ("POST", []) => create(stream, app, head, buf, limits).await,
+        ("POST", []) => create(stream, app, &api.rtp, head, buf, limits).await,
         ("GET", []) => {
-            let list: Vec<Value> = app
-                .shared
+            let list: Vec<Value> = api
                 .rtp
                 .list()
                 .into_iter()
@@ -245,18 +248,18 @@ pub async fn handle(
                 .collect();
             http::write_json(stream, 200, &json!({ "sessions": list })).await
         }
-        ("GET", [id]) | ("GET", [id, "events"]) => match app.shared.rtp.get(id) {
+        ("GET", [id]) | ("GET", [id, "events"]) => match api.rtp.get(id) {
             Some(h) => http::write_json(stream, 200, &h.to_json()).await,
             None => http::write_error(stream, 404, &format!("no RTP session `{id}`")).await,
         },
-        ("DELETE", [id]) => delete(stream, app, id).await,
+        ("DELETE", [id]) => delete(stream, &api.rtp, id).await,
         (_, [] | [_] | [_, "events"]) => http::write_error(stream, 405, "method not allowed").await,
         _ => http::write_error(stream, 404, "no such endpoint").await,
     }
 }
 
-async fn delete(stream: &mut Conn, app: &CoreApp, id: &str) -> Result<(), HttpError> {
-    let Some(h) = app.shared.rtp.get(id) else {
+async fn delete(stream: &mut Conn, rtp: &Registry, id: &str) -> Result<(), HttpError> {
+    let Some(h) = rtp.get(id) else {
         return http::write_error(stream, 404, &format!("no RTP session `{id}`")).await;
     };
     h.request_stop();
@@ -275,6 +278,7 @@ async fn delete(stream: &mut Conn, app: &CoreApp, id: &str) -> Result<(), HttpEr
 async fn create(
     stream: &mut Conn,
     app: &CoreApp,
+    rtp: &Arc<Registry>,
     head: &RequestHead,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
@@ -310,6 +314,7 @@ async fn create(
     let reached_at = stream.tcp().local_addr().ok().map(|a| a.ip());
     let started = match start::start(
         app,
+        rtp,
         StartRequest {
             spec,
             params,
@@ -340,7 +345,7 @@ async fn create(
         "ptime_ms": spec.ptime_ms,
         "dtmf_payload_type": spec.dtmf_payload_type,
         "events": format!("{SESSIONS_PATH}/{id}/events"),
-        "event_stream": format!("{}/{id}/events", super::events::SESSIONS_PATH),
+        "event_stream": format!("{}/{id}/events", crate::events::SESSIONS_PATH),
         "event_log_capacity": EVENT_LOG_CAPACITY,
     });
     http::write_json(stream, 201, &body).await

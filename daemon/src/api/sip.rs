@@ -18,14 +18,14 @@
 //! * `GET /v1/sip/registrations` — each `sip.registrations` entry's state.
 
 use super::rtp::{param_pairs, session_of};
+use crate::app::CoreApp;
 use crate::http::{self, HeadLimits, HttpError, RequestHead};
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::transport::sip::register::host_port;
 use crate::transport::sip::resolve::resolve;
 use crate::transport::sip::serve::current_wire;
 use crate::transport::sip::uac::{PlaceError, PlaceRequest};
-use crate::transport::sip::uri::SipUri;
+use moshid_telephony::sip::uri::SipUri;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -93,11 +93,12 @@ pub fn check_to(to: &str) -> Result<(String, u16), String> {
 pub async fn handle(
     stream: &mut Conn,
     app: &CoreApp,
+    api: &super::ApiShared,
     head: &RequestHead,
     buf: &mut Vec<u8>,
     limits: &HeadLimits,
 ) -> Result<(), HttpError> {
-    let sip = &app.shared.sip;
+    let sip = &api.sip;
     if head.path == REGISTRATIONS_PATH {
         if head.method != "GET" {
             return http::write_error(stream, 405, "method not allowed").await;

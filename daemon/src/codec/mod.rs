@@ -38,6 +38,7 @@ pub mod ogg_crc;
 pub mod ogg_reader;
 pub mod ogg_writer;
 pub mod opus_header;
+pub mod resample;
 
 pub use decoder::{DecoderConfig, OggOpusDecoder};
 pub use encoder::{EncoderConfig, OggOpusEncoder, OpusApplication, ENCODER_PACKET_SAMPLES};

@@ -3,7 +3,7 @@
 //! default webhook of every session) lives in `session.*` and is checked
 //! here too.
 
-use crate::events::webhook::WebhookUrl;
+use crate::http::url::WebhookUrl;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

@@ -7,6 +7,7 @@
 //! typo cannot silently leave a default in place.
 
 pub mod events;
+pub mod keys;
 pub mod realtime;
 pub mod sip;
 
@@ -61,6 +62,10 @@ pub enum Backend {
     Cpu,
     /// The GPU backend.
     Cuda,
+    /// The GPU backend on the kernels' CPU emulator: the CUDA path (buckets,
+    /// graphs, device weights) without a GPU, for tests and rehearsals;
+    /// far slower than either real backend, never for serving.
+    Emu,
 }
 
 /// `model.*`
@@ -82,8 +87,15 @@ pub struct ModelConfig {
     /// Start even when the CPU backend's predicted step at batch 1 is over
     /// the budget (offline or test use; admission still applies).
     pub allow_slow: bool,
+    /// Serve a built-in shape (`moshi-7b`, `hibiki-2b`, `hibiki-1b`,
+    /// `hibiki-zero-3b`, or the tiny `moshi-tiny`) with random weights
+    /// instead of a checkpoint: for measuring (see `random_weights.rs`).
+    pub random_weights: Option<String>,
     /// The CUDA backend's settings.
     pub cuda: CudaConfig,
+    /// The folder whose files sessions may name as `voice_prompt` (models
+    /// with prompts: PersonaPlex); `null`: voice prompts are refused.
+    pub voice_dir: Option<PathBuf>,
 }
 
 /// Slots of the CPU backend when `model.max_slots` is not given.
@@ -171,7 +183,9 @@ impl Default for ModelConfig {
             cache_dir: None,
             repo: None,
             allow_slow: false,
+            random_weights: None,
             cuda: CudaConfig::default(),
+            voice_dir: None,
         }
     }
 }
@@ -219,6 +233,11 @@ pub struct EngineConfig {
     pub queued_frames_per_slot: usize,
     /// Model steps per batch size during warm-up.
     pub warmup_steps: usize,
+    /// Frames of prompt prefill work (voice encodes, transformer positions)
+    /// the engine does per tick, before stepping the tick's streams.
+    pub prompt_frames_per_tick: usize,
+    /// Prefilled prompt states kept for reuse (one per voice and role text).
+    pub prompt_cache_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -228,6 +247,8 @@ impl Default for EngineConfig {
             budget_margin_ms: 10.0,
             queued_frames_per_slot: 4,
             warmup_steps: 3,
+            prompt_frames_per_tick: 8,
+            prompt_cache_entries: 16,
         }
     }
 }
@@ -427,6 +448,13 @@ pub struct GenDefaults {
     pub audio_topk: usize,
     /// Classifier-free guidance coefficient (models with conditioners).
     pub cfg_coef: f32,
+    /// Kyutai's `pad_mult`: the text padding probability is scaled by
+    /// `exp(pad_mult)` (0: off).
+    pub pad_mult: f32,
+    /// Kyutai's repetition penalty on text tokens (1: off).
+    pub repetition_penalty: f32,
+    /// Counted text tokens the penalty looks back over.
+    pub repetition_penalty_context: usize,
 }
 
 impl Default for GenDefaults {
@@ -437,6 +465,9 @@ impl Default for GenDefaults {
             audio_temperature: 0.8,
             audio_topk: 250,
             cfg_coef: 1.0,
+            pad_mult: 0.0,
+            repetition_penalty: 1.0,
+            repetition_penalty_context: moshid_model::lm::text_rules::DEFAULT_REPETITION_CONTEXT,
         }
     }
 }
@@ -615,6 +646,16 @@ impl Config {
         if let Some(r) = &m.repo {
             crate::hub::RepoRef::parse(r).map_err(|e| invalid("model.repo", e.to_string()))?;
         }
+        if let Some(shape) = &m.random_weights {
+            if m.dir.is_some() || m.repo.is_some() {
+                return Err(invalid(
+                    "model.random_weights",
+                    "conflicts with `model.dir` and `model.repo`: random weights replace a checkpoint",
+                ));
+            }
+            crate::random_weights::check_name(shape)
+                .map_err(|e| invalid("model.random_weights", e.to_string()))?;
+        }
         if m.max_slots.is_some_and(|n| n == 0 || n > 4096) {
             return Err(invalid(
                 "model.max_slots",
@@ -670,6 +711,18 @@ impl Config {
                     "must be at least 0 and below the frame period {} ms",
                     crate::FRAME_MS
                 ),
+            ));
+        }
+        if e.prompt_frames_per_tick == 0 || e.prompt_frames_per_tick > 4096 {
+            return Err(invalid(
+                "engine.prompt_frames_per_tick",
+                "must be between 1 and 4096",
+            ));
+        }
+        if e.prompt_cache_entries > 4096 {
+            return Err(invalid(
+                "engine.prompt_cache_entries",
+                "must be at most 4096",
             ));
         }
         if e.queued_frames_per_slot == 0 || e.queued_frames_per_slot > 64 {
@@ -866,6 +919,22 @@ impl Config {
         }
         if d.cfg_coef.is_nan() || d.cfg_coef < 0.0 {
             return Err(invalid("defaults.cfg_coef", "must be ≥ 0"));
+        }
+        if !(-10.0..=10.0).contains(&d.pad_mult) {
+            return Err(invalid("defaults.pad_mult", "must be between -10 and 10"));
+        }
+        if !(0.1..=10.0).contains(&d.repetition_penalty) {
+            return Err(invalid(
+                "defaults.repetition_penalty",
+                "must be between 0.1 and 10",
+            ));
+        }
+        let max_ctx = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+        if d.repetition_penalty_context == 0 || d.repetition_penalty_context > max_ctx {
+            return Err(invalid(
+                "defaults.repetition_penalty_context",
+                format!("must be between 1 and {max_ctx}"),
+            ));
         }
         // `metrics.*` are two independent booleans: every combination is
         // usable (wrong types and unknown keys are refused by the parser,

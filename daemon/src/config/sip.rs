@@ -222,7 +222,7 @@ fn validate_auth(a: &SipAuthConfig) -> Result<(), (&'static str, String)> {
         ));
     }
     for (i, name) in a.algorithms.iter().enumerate() {
-        if crate::transport::sip::digest::Algorithm::parse(name).is_none() {
+        if moshid_telephony::sip::digest::Algorithm::parse(name).is_none() {
             return Err((
                 "sip.auth.algorithms",
                 format!("unknown algorithm `{name}` (SHA-256, MD5)"),
@@ -296,7 +296,7 @@ fn validate_credentials(
 
 /// Checks a `sip:` URI at `key`, with a user when `user` says so.
 fn validate_uri(key: &'static str, uri: &str, user: bool) -> Result<(), (&'static str, String)> {
-    let u = crate::transport::sip::uri::SipUri::parse(uri)
+    let u = moshid_telephony::sip::uri::SipUri::parse(uri)
         .map_err(|e| (key, format!("`{uri}`: {e}")))?;
     if u.scheme != "sip" {
         return Err((key, format!("`{uri}`: only sip: URIs (no TLS)")));

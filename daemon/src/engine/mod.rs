@@ -17,6 +17,7 @@ pub mod grouping;
 #[cfg(test)]
 mod grouping_sim;
 pub mod phase;
+pub mod prompts;
 pub mod records;
 pub mod step_times;
 pub mod thread;

@@ -72,6 +72,10 @@ pub enum FromEngineKind {
     Dropped,
     /// The model failed for this slot; the session must end.
     Fault,
+    /// The slot's prompt prefill is done (models with prompts): the session
+    /// may now announce itself (WebSocket: the handshake byte). Answers no
+    /// frame.
+    PromptReady,
 }
 
 /// A record from the engine to an I/O core.

@@ -1,11 +1,15 @@
 //! The measured model of step time per batch size, which admission reads.
 //!
 //! Invariants: only the engine thread writes (warm-up, then an exponential
-//! moving average of real steps); any thread reads. An observed estimate
-//! that has not been refreshed for [`STALE_AFTER`] falls back to the warm-up
-//! measurement: otherwise one slow period (CPU contention) could price a
-//! batch size over the budget for good, since admission would never let a
-//! batch of that size form again to correct it. Values are microseconds in
+//! moving average of real steps); any thread reads. The warm-up measurement
+//! is a floor: real steps can raise a batch size's estimate, never lower it
+//! below what the warm-up measured, which is the worst case where the
+//! backend can time it (the GPU model at full context: a step of young
+//! conversations must not price the same batch once they are old). An
+//! observed estimate that has not been refreshed for [`STALE_AFTER`] falls
+//! back to the warm-up measurement: otherwise one slow period (CPU
+//! contention) could price a batch size over the budget for good, since
+//! admission would never let a batch of that size form again to correct it. Values are microseconds in
 //! relaxed atomics: a reader may see a slightly stale estimate, never a torn
 //! one. Sizes never measured are interpolated from their measured neighbours,
 //! and a larger batch is never predicted faster than a smaller one.
@@ -95,12 +99,13 @@ impl StepTimes {
         let stale_ms = self.stale_after_ms;
         let at = |b: usize| {
             let observed = self.micros[b].load(Ordering::Relaxed);
+            let baseline = self.baseline[b].load(Ordering::Relaxed);
             let fresh =
                 now_ms.saturating_sub(self.refreshed_ms[b].load(Ordering::Relaxed)) <= stale_ms;
             if observed != 0 && fresh {
-                observed
+                observed.max(baseline)
             } else {
-                self.baseline[b].load(Ordering::Relaxed)
+                baseline
             }
         };
         let mut best = 0u32;
@@ -186,6 +191,23 @@ mod tests {
         // No batch of 2 formed since: back to the warm-up figures.
         assert_eq!(t.predict_ms(2), 20.0);
         assert_eq!(t.predict_ms(3), 30.0);
+    }
+
+    #[test]
+    fn real_steps_never_price_below_the_warm_up() {
+        // Warm-up at full context: 60 ms at 64; young conversations step in 40.
+        let t = StepTimes::new(64);
+        t.set(1, 30_000);
+        t.set(64, 60_000);
+        for _ in 0..100 {
+            t.observe(64, 40_000);
+        }
+        assert_eq!(t.predict_ms(64), 60.0);
+        // Slower than the warm-up: the real steps price it.
+        for _ in 0..100 {
+            t.observe(64, 70_000);
+        }
+        assert!(t.predict_ms(64) > 65.0, "{}", t.predict_ms(64));
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct Engine {
     published_plans: u64,
     /// A new frame period began: refresh the step-time table.
     refresh_due: bool,
+    /// Prompt prefills and their cache (models with prompts).
+    prompts: super::prompts::Prompts,
 }
 
 impl Engine {
@@ -138,6 +140,7 @@ impl Engine {
             stages,
             out: FromEngine::default(),
             touched: vec![false; cores],
+            prompts: super::prompts::Prompts::new(max_slots, 16, 8),
             warmup_steps,
             on_tick: None,
             published_plans: 0,
@@ -154,12 +157,16 @@ impl Engine {
     pub fn warm_up(&mut self) {
         let sizes = self.shared.step_times.warmup_sizes();
         let params = SessionParams::default();
+        let mut full_context = false;
         for &size in &sizes {
             for s in 0..self.batch.max_slots() {
                 self.batch.exec[s] = s < size;
                 if s < size {
                     // Warm-up slots are reset again when a session opens them.
                     let _ = self.model.reset_slot(s, &params);
+                    // Priced at the worst case: a step never outgrows its
+                    // measurement as conversations grow older.
+                    full_context |= self.model.fill_context_for_timing(s);
                 }
             }
             for (i, x) in self.batch.input_pcm.iter_mut().enumerate() {
@@ -174,6 +181,12 @@ impl Engine {
             self.shared.step_times.set(size, best);
         }
         self.batch.exec.iter_mut().for_each(|e| *e = false);
+        if full_context {
+            eprintln!(
+                "<6>engine: warm-up steps timed at full context (every stream attending over the \
+                 whole window), the worst case admission prices"
+            );
+        }
         self.shared.ready.store(true, Ordering::Release);
         self.shared.admission().set_accepting(true);
     }
@@ -238,6 +251,12 @@ impl Engine {
         self.tick_with(position as usize, 0.0, metrics_on);
     }
 
+    /// Bounds of the prompt work per tick and of the prompt cache.
+    pub fn set_prompt_bounds(&mut self, cache_entries: usize, frames_per_tick: usize) {
+        self.prompts =
+            super::prompts::Prompts::new(self.slots.len(), cache_entries, frames_per_tick);
+    }
+
     /// Tick positions per frame period.
     pub fn positions(&self) -> usize {
         self.grouping.positions()
@@ -247,7 +266,32 @@ impl Engine {
     /// read at its start.
     fn tick_with(&mut self, position: usize, late_ms: f64, metrics_on: bool) {
         self.drain_lanes(metrics_on);
+        self.advance_prompts();
         self.step_group(position, late_ms, metrics_on);
+    }
+
+    /// This tick's bounded prompt work; sessions whose prompt finished (or
+    /// failed) are told.
+    fn advance_prompts(&mut self) {
+        self.prompts.advance(&mut *self.model);
+        let n = self.prompts.finished().len();
+        for i in 0..n {
+            let (s, ok) = self.prompts.finished()[i];
+            let st = self.slots[s];
+            if !st.open {
+                continue;
+            }
+            let kind = if ok {
+                FromEngineKind::PromptReady
+            } else {
+                self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+                FromEngineKind::Fault
+            };
+            self.send(st.core, kind, s as u32, st.generation, 0, None);
+        }
+        if n > 0 {
+            self.ring_touched();
+        }
     }
 
     /// Moves every record out of the lanes: opens, frames into slot queues
@@ -333,9 +377,19 @@ impl Engine {
         if !was_open {
             self.shared.open_slots.fetch_add(1, Ordering::Relaxed);
         }
-        if self.model.reset_slot(s, &params).is_err() {
-            self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
-            self.send(core, FromEngineKind::Fault, slot, generation, 0, None);
+        let opened = self
+            .model
+            .reset_slot(s, &params)
+            .and_then(|()| self.prompts.open(&mut *self.model, s, &params.prompt));
+        match opened {
+            Err(_) => {
+                self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+                self.send(core, FromEngineKind::Fault, slot, generation, 0, None);
+            }
+            Ok(super::prompts::Opened::FromCache) => {
+                self.send(core, FromEngineKind::PromptReady, slot, generation, 0, None);
+            }
+            Ok(_) => {}
         }
     }
 
@@ -349,6 +403,7 @@ impl Engine {
         }
         st.open = false;
         st.queue_len = 0;
+        self.prompts.close(s);
         self.grouping.close(s);
         self.shared.open_slots.fetch_sub(1, Ordering::Relaxed);
         self.shared.admission().release(slot, generation);
@@ -388,10 +443,17 @@ impl Engine {
         let plan = self.grouping.plan(&step_ms);
         let slots = &self.slots;
         let queued = |s: usize| if slots[s].open { slots[s].queue_len } else { 0 };
-        let count = self
-            .grouping
-            .select(position, late_ms, &queued, &step_ms, &mut self.batch.exec)
-            as u64;
+        let mut count =
+            self.grouping
+                .select(position, late_ms, &queued, &step_ms, &mut self.batch.exec)
+                as u64;
+        // A slot still running its prompt keeps its frames queued.
+        for (s, e) in self.batch.exec.iter_mut().enumerate() {
+            if *e && self.prompts.running(s) {
+                *e = false;
+                count -= 1;
+            }
+        }
         let late = count > 0
             && late_ms
                 > lateness_allowed_ms(plan.groups)

@@ -36,4 +36,9 @@ pub mod webhook;
 
 pub use crate::config::events::EventsConfig;
 pub use event::{Event, SessionState};
+
+/// Where sessions are listed and their events served
+/// (`GET /v1/sessions/{id}/events`, [`crate::api::events`]); session
+/// descriptions link to it.
+pub const SESSIONS_PATH: &str = "/v1/sessions";
 pub use hub::{Channel, EventHub, EventSink, SubscribeError, Subscription};

@@ -69,6 +69,7 @@ mod head;
 mod query;
 mod response;
 mod upgrade;
+pub mod url;
 
 pub use async_tungstenite::tungstenite::protocol::WebSocketConfig;
 pub use async_tungstenite::WebSocketStream;

@@ -12,7 +12,7 @@
 //! `/metrics`) and logged at most once per [`CONNECTION_LOG_PERIOD`].
 
 use super::accept_pace::AcceptPace;
-use super::app::CoreApp;
+use super::core::CoreContext;
 use super::log_gate::{LogGate, CONNECTION_LOG_PERIOD};
 use crate::metrics::connections::{bump, set, ListenerCounters};
 use glommio::net::TcpListener;
@@ -80,16 +80,16 @@ impl ConnTable {
         })
     }
 
-    /// The table of listener `name` on `app`'s core, its counters published
+    /// The table of listener `name` on `ctx`'s core, its counters published
     /// in the metrics registry.
     pub fn register(
-        app: &CoreApp,
+        ctx: &CoreContext,
         name: &'static str,
         max_open: usize,
         max_per_ip: usize,
     ) -> Rc<Self> {
-        let counters = ListenerCounters::new(app.ctx.core, name, max_open, max_per_ip);
-        Self::new(app.ctx.engine.metrics.register_listener(counters))
+        let counters = ListenerCounters::new(ctx.core, name, max_open, max_per_ip);
+        Self::new(ctx.engine.metrics.register_listener(counters))
     }
 
     /// Takes a place for a connection from `ip`, or says why there is none.

@@ -3,7 +3,6 @@
 
 pub mod accept;
 pub mod accept_pace;
-pub mod app;
 pub mod conn;
 pub mod core;
 pub mod fd_limit;

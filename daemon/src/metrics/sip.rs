@@ -15,8 +15,53 @@
 //! only grow); gauges are true at some moment of the last tick. Sized at
 //! start: one per core, nothing per call or per peer.
 
-use crate::transport::sip::endpoint::SipCounters;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one core's SIP endpoint, owned by it as plain integers
+/// (logged, and in `/metrics` through [`SipPublished`]: a field added here
+/// needs its series in [`SERIES`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SipCounters {
+    /// Requests received (retransmissions included).
+    pub requests: u64,
+    /// Responses received (to moshid's BYEs).
+    pub responses: u64,
+    /// Datagrams that were not SIP at all (dropped).
+    pub not_sip: u64,
+    /// Requests answered 4xx for being malformed.
+    pub malformed: u64,
+    /// Retransmitted requests answered from their transaction.
+    pub retransmissions: u64,
+    /// Responses resent by timers (G, 2xx, BYE's E).
+    pub resent: u64,
+    /// Requests refused by `sip.allowed_sources`.
+    pub forbidden: u64,
+    /// INVITEs answered 401 (challenged: without credentials, or with
+    /// wrong or stale ones).
+    pub challenged: u64,
+    /// INVITEs whose credentials were right.
+    pub authenticated: u64,
+    /// Calls answered.
+    pub calls: u64,
+    /// INVITEs refused for capacity (486/503).
+    pub busy: u64,
+    /// INVITEs refused for their SDP (488/400).
+    pub not_acceptable: u64,
+    /// Calls CANCELled before the answer.
+    pub cancelled: u64,
+    /// BYEs sent by moshid.
+    pub byes_sent: u64,
+    /// Calls moshid placed (INVITE sent).
+    pub placed: u64,
+    /// Placed calls answered.
+    pub placed_answered: u64,
+    /// Placed calls never answered (refused, cancelled, timed out).
+    pub placed_failed: u64,
+    /// REGISTERs answered 2xx.
+    pub registered: u64,
+    /// REGISTERs that failed (refused, timed out, unanswerable challenge).
+    pub registration_failures: u64,
+}
 
 /// One Prometheus series of a [`SipCounters`] field: its name, its one
 /// label (name, value) if any, and how to read it.

@@ -23,8 +23,9 @@ pub mod host;
 pub mod report;
 pub mod speed;
 
-use crate::config::{Config, CPU_DEFAULT_SLOTS};
+use crate::config::{Config, CudaPrecision, KvCacheType, CPU_DEFAULT_SLOTS};
 use host::HostMemory;
+use moshid_kernels::model::Precision;
 use moshid_kernels::plan::{KvDtype, MemoryPlan, PlanError, PlanOptions};
 use moshid_model::checkpoint::CheckpointDir;
 use moshid_model::footprint::CpuFootprint;
@@ -34,6 +35,33 @@ use moshid_model::footprint::CpuFootprint;
 /// `RLIMIT_AS`, which counts reservations as well as memory. Measured on
 /// the demo model (VmPeak of a serving daemon ≈ 0.6 GiB), with margin.
 pub const ADDRESS_SPACE_OVERHEAD: u64 = 1 << 30;
+
+/// The CUDA backend's precision, KV cache type and memory plan for `dir`
+/// under `config` (what [`crate::backend::gpu`] builds, and what `check-checkpoint` reports).
+pub fn cuda_plan(
+    config: &Config,
+    dir: &CheckpointDir,
+) -> anyhow::Result<(Precision, KvDtype, MemoryPlan)> {
+    let c = &config.model.cuda;
+    let (precision, kv) = match (c.precision, c.kv()) {
+        (CudaPrecision::Bf16, KvCacheType::Bf16) => (Precision::Bf16, KvDtype::Bf16),
+        (CudaPrecision::Bf16, KvCacheType::Fp8) => (Precision::Bf16, KvDtype::Fp8E4m3),
+        (CudaPrecision::F32, KvCacheType::F32) => (Precision::F32, KvDtype::F32),
+        (p, k) => anyhow::bail!("config key `model.cuda.kv_cache`: {k:?} with precision {p:?}"),
+    };
+    let mut plan = MemoryPlan::new(
+        &dir.lm,
+        &dir.mimi,
+        &PlanOptions {
+            lm_kv: kv,
+            ..PlanOptions::default()
+        },
+    );
+    if precision == Precision::F32 {
+        plan.lm_weight_bytes *= 2;
+    }
+    Ok((precision, kv, plan))
+}
 
 /// A refusal to start, in words: what is needed, what there is, the ways out.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

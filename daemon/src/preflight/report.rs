@@ -57,7 +57,7 @@ pub fn print_for_this_machine(dir: &CheckpointDir, config: &Config) {
         }
         Err(e) => println!("    cuda            device {} unusable: {e}", c.device),
         Ok(dev) => {
-            let line = crate::backend::cuda_plan(config, dir)
+            let line = super::cuda_plan(config, dir)
                 .map_err(|e| format!("{e:#}"))
                 .and_then(|(_, kv, plan)| {
                     let (free, total) = dev.memory().map_err(|e| e.to_string())?;

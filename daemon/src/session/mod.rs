@@ -2,4 +2,5 @@
 //! accounting.
 
 pub mod params;
+pub mod prompt;
 pub mod record;

@@ -3,8 +3,13 @@
 //! a slot is taken.
 //!
 //! Unknown query keys are ignored (Kyutai's clients send keys of their own,
-//! such as `worker_auth_id` or `pad_mult`), but a known key with a bad value
-//! is refused with a message naming it.
+//! such as `worker_auth_id` or `email`), but a known key with a bad value,
+//! or one the model cannot honour, is refused with a message naming it.
+//! Kyutai's text keys (`pad_mult`, `repetition_penalty`,
+//! `repetition_penalty_context`) follow their Rust server (see
+//! `moshid_model::lm::text_rules`); a penalty given without a context uses
+//! the configured context (32, the one Kyutai's server reports), where
+//! Kyutai's server would drop it. They are refused with guidance on.
 
 use crate::config::GenDefaults;
 use moshid_model::lm::GenParams;
@@ -20,6 +25,8 @@ pub struct ModelInfo {
     /// For models that must be drained at the end of input (Hibiki): the
     /// text token that ends the stream.
     pub drain_text_eos: Option<u32>,
+    /// For models that take prompts (PersonaPlex): how to resolve them.
+    pub prompts: Option<std::sync::Arc<super::prompt::PromptSetup>>,
 }
 
 /// A parameter the session cannot use.
@@ -81,11 +88,13 @@ pub fn session_params(
         cfg_coef: defaults.cfg_coef,
         conditions: Vec::new(),
         null_conditions: Vec::new(),
-        // Kyutai's text keys are parsed here once the session side reads them.
-        pad_mult: 0.0,
+        pad_mult: defaults.pad_mult,
         repetition_penalty: None,
     };
     let mut seeded = false;
+    let mut penalty = defaults.repetition_penalty;
+    let mut context = defaults.repetition_penalty_context;
+    let mut rule_key: Option<&str> = None;
     for (k, v) in pairs {
         match k.as_str() {
             "text_temperature" => g.temp_text = temperature(k, v)?,
@@ -104,6 +113,30 @@ pub fn session_params(
                     "false" | "0" => true,
                     _ => return Err(err(k, "must be true or false")),
                 }
+            }
+            "pad_mult" => {
+                let m: f32 = num(k, v)?;
+                if !(-10.0..=10.0).contains(&m) {
+                    return Err(err(k, "must be between -10 and 10"));
+                }
+                g.pad_mult = m;
+                rule_key = rule_key.or(Some("pad_mult"));
+            }
+            "repetition_penalty" => {
+                let p: f32 = num(k, v)?;
+                if !(0.1..=10.0).contains(&p) {
+                    return Err(err(k, "must be between 0.1 and 10"));
+                }
+                penalty = p;
+                rule_key = rule_key.or(Some("repetition_penalty"));
+            }
+            "repetition_penalty_context" => {
+                let c: usize = num(k, v)?;
+                let max = moshid_model::lm::text_rules::MAX_REPETITION_CONTEXT;
+                if c == 0 || c > max {
+                    return Err(err(k, format!("must be between 1 and {max}")));
+                }
+                context = c;
             }
             "cfg_coef" => {
                 let c: f32 = num(k, v)?;
@@ -130,11 +163,24 @@ pub fn session_params(
             "this model has no conditioners to guide with",
         ));
     }
+    if penalty != 1.0 {
+        g.repetition_penalty = Some((context, penalty));
+    }
+    let rules_on = g.pad_mult != 0.0 || g.repetition_penalty.is_some();
+    if rules_on && g.cfg_coef != 1.0 {
+        return Err(err(
+            rule_key.unwrap_or("pad_mult"),
+            "cannot be honoured with classifier-free guidance (cfg_coef)",
+        ));
+    }
     if !seeded {
         // An unseeded session still gets its own stream of random numbers.
         g.seed = fresh_seed();
     }
-    Ok(SessionParams { gen: g })
+    Ok(SessionParams {
+        gen: g,
+        ..SessionParams::default()
+    })
 }
 
 fn check_condition(
@@ -167,6 +213,55 @@ fn fresh_seed() -> u64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn kyutai_text_keys() {
+        let d = GenDefaults::default();
+        let p = session_params(
+            &pairs(&[
+                ("pad_mult", "1.5"),
+                ("repetition_penalty", "1.3"),
+                ("repetition_penalty_context", "64"),
+            ]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
+        assert_eq!(p.gen.pad_mult, 1.5);
+        assert_eq!(p.gen.repetition_penalty, Some((64, 1.3)));
+        let p = session_params(
+            &pairs(&[("repetition_penalty", "2")]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
+        assert_eq!(p.gen.repetition_penalty, Some((32, 2.0)));
+        let p = session_params(
+            &pairs(&[("repetition_penalty", "1")]),
+            &d,
+            &ModelInfo::default(),
+        )
+        .unwrap();
+        assert_eq!(p.gen.repetition_penalty, None);
+        for (k, v) in [
+            ("pad_mult", "nan"),
+            ("pad_mult", "11"),
+            ("repetition_penalty", "0"),
+            ("repetition_penalty_context", "0"),
+            ("repetition_penalty_context", "100000"),
+        ] {
+            let e = session_params(&pairs(&[(k, v)]), &d, &ModelInfo::default()).unwrap_err();
+            assert_eq!(e.key, k, "{k}={v}");
+        }
+        // Known keys the model cannot honour: refused, naming the key.
+        let e = session_params(
+            &pairs(&[("cfg_coef", "3"), ("repetition_penalty", "1.2")]),
+            &d,
+            &hibiki(),
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "repetition_penalty");
+    }
+
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -181,6 +276,7 @@ mod tests {
             )],
             is_hibiki: true,
             drain_text_eos: Some(2),
+            prompts: None,
         }
     }
 
@@ -192,7 +288,7 @@ mod tests {
                 ("text_temperature", "0.5"),
                 ("audio_topk", "100"),
                 ("seed", "-3"),
-                ("pad_mult", "1"),
+                ("worker_auth_id", "1"),
             ]),
             &d,
             &ModelInfo::default(),

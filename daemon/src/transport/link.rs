@@ -14,11 +14,11 @@
 //! stage metrics on (read once per batch of answers), each model frame's
 //! resampling and encoding into line packets is one `encode` sample.
 
-use super::audiosocket::line::{LineOut, PACKETS_PER_FRAME};
+use super::line::{LineOut, PACKETS_PER_FRAME};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::EventSink;
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
@@ -163,6 +163,10 @@ impl EngineLink {
     ) -> Result<usize, EndReason> {
         let mut n = 0;
         while self.mailbox.take(&mut self.record) {
+            if self.record.kind == FromEngineKind::PromptReady {
+                // Answers no frame: the prompt ran before the first frames.
+                continue;
+            }
             n += 1;
             self.in_flight = self.in_flight.saturating_sub(1);
             self.answered += 1;
@@ -171,7 +175,7 @@ impl EngineLink {
                 rec.late_frames += 1;
             }
             match self.record.kind {
-                FromEngineKind::NoOutputYet => {}
+                FromEngineKind::NoOutputYet | FromEngineKind::PromptReady => {}
                 FromEngineKind::Dropped => rec.frames_dropped += 1,
                 FromEngineKind::Fault => return Err(EndReason::ModelFault),
                 FromEngineKind::Output => {

@@ -1,6 +1,7 @@
 //! Transports: how clients reach a session.
 
 pub mod audiosocket;
+pub mod line;
 pub mod link;
 pub mod media_streams;
 pub mod realtime;

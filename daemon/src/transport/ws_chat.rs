@@ -39,11 +39,11 @@
 //!   handed out. A `webhook_url` query parameter names the session's own
 //!   webhook where `events.session_webhook_prefixes` allows it.
 
+use crate::app::CoreApp;
 use crate::codec::{DecoderConfig, EncoderConfig, FrameCutter, OggOpusDecoder, OggOpusEncoder};
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::params::session_params;
@@ -112,6 +112,8 @@ pub mod control {
 /// How long a session waits for the engine to answer a frame before it
 /// gives up on it (the engine ticks every 80 ms; this is many ticks).
 const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a session waits for its prompt to run before the handshake.
+const PROMPT_TIMEOUT: Duration = Duration::from_secs(60);
 
 enum Event {
     Incoming(Option<Result<Message, async_tungstenite::tungstenite::Error>>),
@@ -170,6 +172,7 @@ where
     let cfg = &shared.config;
     let mut rec = SessionRecord::start(id, "ws");
     let params = session_params(&query, &cfg.defaults, &shared.model_info)
+        .and_then(|p| crate::session::prompt::with_prompt(p, &query, &shared.model_info))
         .map_err(|e| e.to_string())
         .and_then(|p| Ok((p, crate::events::webhook::from_pairs(&query, cfg)?)));
     let (params, webhook) = match params {
@@ -252,6 +255,13 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, 
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
     async fn serve(&mut self) -> EndReason {
+        // A model with prompts runs the session's prompt first: the handshake
+        // follows it, as NVIDIA's server sends it.
+        if self.app.shared.model_info.prompts.is_some() {
+            if let Some(reason) = self.wait_for_prompt().await {
+                return reason;
+            }
+        }
         if let Err(e) = self
             .ws
             .send(Message::Binary(Bytes::from_static(&[kind::HANDSHAKE])))
@@ -307,6 +317,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                     if let Some(reason) = self.on_message(msg).await {
                         return reason;
                     }
+                }
+            }
+        }
+    }
+
+    /// Waits for the engine's word that the prompt ran; `Some` ends the
+    /// session (a fault, a stall, or the server shutting down).
+    async fn wait_for_prompt(&mut self) -> Option<EndReason> {
+        let mut rec = crate::engine::records::FromEngine::default();
+        loop {
+            let waited = glommio::timer::timeout(PROMPT_TIMEOUT, async {
+                self.mailbox.ready().await;
+                Ok(())
+            })
+            .await;
+            if waited.is_err() {
+                return Some(EndReason::EngineStalled);
+            }
+            if self.mailbox.shutdown_requested() {
+                return Some(EndReason::ServerShutdown);
+            }
+            while self.mailbox.take(&mut rec) {
+                match rec.kind {
+                    FromEngineKind::PromptReady => return None,
+                    FromEngineKind::Fault => return Some(EndReason::ModelFault),
+                    _ => {}
                 }
             }
         }
@@ -532,6 +568,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
         metrics_on: bool,
         unrecorded_send: &mut Option<Duration>,
     ) -> Result<(), EndReason> {
+        if rec.kind == FromEngineKind::PromptReady {
+            return Ok(());
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
         if rec.late {
             self.rec.late_frames += 1;
@@ -544,6 +583,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
             }
             FromEngineKind::Fault => return Err(EndReason::ModelFault),
             FromEngineKind::Output => {}
+            FromEngineKind::PromptReady => unreachable!("handled above"),
         }
         self.rec.frames_out += 1;
         self.rec.text_tokens += 1;

@@ -116,7 +116,7 @@ pub fn ulaw_file(dir: &Path, seconds: u32) -> PathBuf {
     let bytes: Vec<u8> = (0..n)
         .map(|i| {
             let x = (2.0 * std::f32::consts::PI * 440.0 * i as f32 / 8000.0).sin() * 8000.0;
-            moshid::telephony::g711::linear_to_ulaw(x as i16)
+            moshid_telephony::g711::linear_to_ulaw(x as i16)
         })
         .collect();
     let path = dir.join("tone.ulaw");

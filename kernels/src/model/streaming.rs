@@ -437,6 +437,11 @@ impl<D: Device> StreamingModel for GpuModel<D> {
         self.max_slots
     }
 
+    fn fill_context_for_timing(&mut self, slot: usize) -> bool {
+        let context = self.lm.config().context;
+        self.fast_forward_for_timing(slot, context).is_ok()
+    }
+
     fn frame_samples(&self) -> usize {
         self.frame_samples
     }

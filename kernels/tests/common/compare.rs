@@ -92,7 +92,10 @@ pub fn params(dir: &CheckpointDir) -> SessionParams {
     if dir.lm.has_conditioners() {
         gen = gen.with_hibiki_conditions(3.0);
     }
-    SessionParams { gen }
+    SessionParams {
+        gen,
+        ..SessionParams::default()
+    }
 }
 
 /// Runs the schedule on both models and measures their agreement.

@@ -20,7 +20,13 @@ fn cpu_backend_step_does_not_allocate() {
         for s in 0..slots {
             gen.seed = s as u64;
             model
-                .reset_slot(s, &SessionParams { gen: gen.clone() })
+                .reset_slot(
+                    s,
+                    &SessionParams {
+                        gen: gen.clone(),
+                        ..SessionParams::default()
+                    },
+                )
                 .unwrap();
         }
         let mut batch = model.new_batch();

@@ -84,12 +84,17 @@ fn prompt(dir: &Path, st: &SafeTensors, s: &Stream, enc: &Encoder, lm: &Lm, fs: 
         }
     };
     let text_tokens = text_prompt_tokens(enc, &s.text);
-    Prompt { voice, text_tokens }
+    Prompt {
+        voice,
+        text_tokens,
+        cache_key: None,
+    }
 }
 
 fn greedy() -> SessionParams {
     SessionParams {
         gen: GenParams::greedy(),
+        ..SessionParams::default()
     }
 }
 

@@ -135,9 +135,11 @@ function renderModel(m, defaults) {
   };
   badge(m.type);
   if (m.demo) badge("random weights: no speech");
+  if (m.random_weights) badge(`random weights (${m.random_weights}): no speech, for measuring`);
   badge(m.backend.split(" ")[0]);
   const f = ui.params.elements;
-  for (const k of ["text_temperature", "text_topk", "audio_temperature", "audio_topk", "cfg_coef"]) {
+  for (const k of ["text_temperature", "text_topk", "audio_temperature", "audio_topk", "cfg_coef",
+                   "pad_mult", "repetition_penalty", "repetition_penalty_context"]) {
     if (defaults[k] !== undefined) f[k].value = defaults[k];
   }
   ui.conditioners.replaceChildren();
@@ -157,7 +159,8 @@ function renderModel(m, defaults) {
 function sessionQuery() {
   const q = new URLSearchParams();
   const f = ui.params.elements;
-  for (const k of ["text_temperature", "text_topk", "audio_temperature", "audio_topk"]) {
+  for (const k of ["text_temperature", "text_topk", "audio_temperature", "audio_topk",
+                   "pad_mult", "repetition_penalty", "repetition_penalty_context"]) {
     if (f[k].value !== "") q.set(k, f[k].value);
   }
   if (f.seed.value !== "") q.set("seed", f.seed.value);

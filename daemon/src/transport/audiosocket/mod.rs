@@ -8,10 +8,11 @@
 //!  same => n,AudioSocket(40325ec2-5efd-4bd3-805f-53576e581d13,moshid-host:9092)
 //! ```
 //!
-//! Files: [`protocol`] (framing, kinds, error codes; pure), [`session`] (one
-//! call), [`line`](mod@line) (line audio ↔ model frames, the packet queue and the
-//! pacer) and [`link`] (the engine side) — the last two are shared with
-//! the Media Streams transport.
+//! Files: `moshid_telephony::audiosocket` (framing, kinds, error codes;
+//! pure), [`session`] (one call); [`crate::transport::line`] (line audio ↔
+//! model frames, the packet queue and the pacer) and
+//! [`crate::transport::link`] (the engine side) are shared with the Media
+//! Streams transport.
 //!
 //! Listening: with `audiosocket.enabled`, every I/O core binds
 //! `audiosocket.address` (`SO_REUSEPORT`: the kernel spreads calls over the
@@ -29,13 +30,11 @@
 //! (with an `0xff` error message); nothing per packet allocates (see
 //! [`session`]).
 
-pub mod line;
-pub mod protocol;
 pub mod session;
 
+use crate::app::CoreApp;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use glommio::net::TcpListener;
 use std::net::IpAddr;
 
@@ -48,7 +47,7 @@ pub fn peer_allowed(allowed: &[IpAddr], ip: IpAddr) -> bool {
 
 /// Checks `audiosocket.params` against the model at start, so that a bad
 /// parameter stops the daemon instead of failing every call.
-pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
+pub fn check_params(shared: &crate::app::Shared) -> Result<(), String> {
     let cfg = &shared.config;
     let pairs: Vec<(String, String)> = cfg
         .audiosocket
@@ -68,7 +67,7 @@ pub fn check_params(shared: &crate::io::app::Shared) -> Result<(), String> {
 /// message has come.
 pub async fn accept_loop(listener: TcpListener, app: CoreApp) {
     let cfg = &app.shared.config.audiosocket;
-    let table = ConnTable::register(&app, "audiosocket", cfg.max_connections_per_core, 0);
+    let table = ConnTable::register(&app.ctx, "audiosocket", cfg.max_connections_per_core, 0);
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {

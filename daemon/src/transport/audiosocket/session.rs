@@ -33,19 +33,21 @@
 //!   audio message (line decoding, resampling, frames to the lane),
 //!   `encode` per model frame (in the link), `send` per packet written.
 
-use super::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
-use super::protocol::{self, error_code, kind, Frame, FrameError, HEADER_BYTES};
+use crate::app::CoreApp;
 use crate::events::SessionState;
-use crate::io::app::CoreApp;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
 use crate::transport::link::EngineLink;
 use crate::FRAME_SAMPLES;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use glommio::timer::Timer;
+use moshid_telephony::audiosocket::{
+    self as protocol, error_code, kind, Frame, FrameError, HEADER_BYTES,
+};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 

@@ -9,9 +9,9 @@
 //! G.711, base64) paced at 20 ms, echoes marks once the audio before them
 //! was sent, and flushes its queued audio on `clear` (barge-in).
 //!
-//! Files: [`events`] (JSON in and out; pure) and [`session`] (one stream).
-//! The audio path, packet queue, pacer and engine link are the AudioSocket
-//! transport's ([`crate::transport::audiosocket::line`],
+//! Files: `moshid_telephony::media_streams` (JSON in and out; pure) and
+//! [`session`] (one stream). The audio path, packet queue, pacer and engine
+//! link are shared with AudioSocket ([`crate::transport::line`],
 //! [`crate::transport::link`]).
 //!
 //! Invariants: a connection never leaves the core that accepted it; a bad
@@ -19,7 +19,6 @@
 //! ends only its own stream, with an `error` event and a close frame giving
 //! the reason; see [`session`] for buffers and bounds.
 
-pub mod events;
 pub mod session;
 
 pub use session::run;

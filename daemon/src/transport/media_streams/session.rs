@@ -40,18 +40,14 @@
 //! resampling, frames to the lane), `encode` per model frame (in the
 //! link), `send` per `media` event sent.
 
-use super::events::{self, BASE64};
+use crate::app::CoreApp;
 use crate::events::SessionState;
-use crate::io::app::CoreApp;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
-use crate::telephony::g711::Law;
-use crate::transport::audiosocket::line::{
-    LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS,
-};
+use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
 use crate::transport::link::EngineLink;
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -62,6 +58,8 @@ use base64::Engine;
 use bytes::BytesMut;
 use futures_lite::StreamExt;
 use glommio::timer::Timer;
+use moshid_telephony::g711::Law;
+use moshid_telephony::media_streams::{self as events, BASE64};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

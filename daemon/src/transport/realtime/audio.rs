@@ -19,10 +19,10 @@
 use super::client_event::decode_audio;
 use super::error::ApiError;
 use super::settings::AudioFormat;
-use crate::telephony::resample::ResampleError;
-use crate::telephony::FrameResampler;
-use crate::transport::audiosocket::line::{LineCodec, LineIn};
+use crate::transport::line::{LineCodec, LineIn};
 use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use moshid_telephony::resample::ResampleError;
+use moshid_telephony::FrameResampler;
 
 fn codec(format: AudioFormat) -> LineCodec {
     match format {
@@ -258,9 +258,9 @@ pub fn bytes_per_frame(format: AudioFormat) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telephony::g711::Law;
-    use crate::transport::media_streams::events::BASE64;
     use base64::Engine;
+    use moshid_telephony::g711::Law;
+    use moshid_telephony::media_streams::BASE64;
 
     #[test]
     fn pcm_in_is_cut_into_frames_under_the_budget() {

@@ -17,8 +17,8 @@
 //! that far.
 
 use super::error::ApiError;
-use crate::transport::media_streams::events::{Text, BASE64};
 use base64::Engine;
+use moshid_telephony::media_streams::{Text, BASE64};
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -56,7 +56,7 @@ impl RtSession {
     fn session_json(&self) -> Value {
         let d = Described {
             id: &self.api_id,
-            model: &self.shared.model.name,
+            model: &self.model_name,
             expires_at: self.expires_at(),
         };
         match self.endpoint {

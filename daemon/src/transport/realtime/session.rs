@@ -39,9 +39,9 @@ use super::responses::{Ending, Responses};
 use super::settings::{Endpoint, Settings};
 use super::vad::{Vad, VadEvent};
 use super::wire::Wire;
+use crate::app::{CoreApp, Shared};
 use crate::config::realtime::ResponseMode;
 use crate::events::SessionState;
-use crate::io::app::{CoreApp, Shared};
 use crate::io::conn::Conn;
 use crate::metrics::Stage;
 use crate::session::params::session_params;
@@ -124,6 +124,8 @@ pub(super) struct RtSession {
     pub rec: SessionRecord,
     pub endpoint: Endpoint,
     pub api_id: String,
+    /// The served model's name (`GET /v1/model`'s), in the session objects.
+    pub model_name: String,
     pub settings: Settings,
     pub input: AudioIn,
     pub out_frames: OutFrames,
@@ -154,6 +156,7 @@ pub async fn run(
     query: Vec<(String, String)>,
     id: u64,
     endpoint: Endpoint,
+    model_name: &str,
 ) -> SessionRecord {
     let shared = app.shared.clone();
     let cfg = &shared.config;
@@ -201,7 +204,14 @@ pub async fn run(
         webhook,
     );
     let link = EngineLink::new(app, ticket, mailbox, events);
-    let mut s = match RtSession::new(ws, link, rec, endpoint, api_id, mode) {
+    let mut s = match RtSession::new(
+        ws,
+        link,
+        rec,
+        endpoint,
+        (api_id, model_name.to_string()),
+        mode,
+    ) {
         Ok(s) => s,
         Err((ws, mut link, mut rec, e)) => {
             link.release();
@@ -273,7 +283,7 @@ impl RtSession {
         link: EngineLink,
         rec: SessionRecord,
         endpoint: Endpoint,
-        api_id: String,
+        (api_id, model_name): (String, String),
         mode: ResponseMode,
     ) -> Result<Self, Unbuilt> {
         let shared = link.app.shared.clone();
@@ -315,6 +325,7 @@ impl RtSession {
             rec,
             endpoint,
             api_id,
+            model_name,
             user_items: 0,
             frames_emitted: 0,
             frame: Box::new([0.0; FRAME_SAMPLES]),

@@ -32,7 +32,7 @@
 //! error and never a half-applied one.
 
 use super::error::ApiError;
-use crate::telephony::g711::Law;
+use moshid_telephony::g711::Law;
 use serde_json::{json, Map, Value};
 
 /// An audio format of the API.

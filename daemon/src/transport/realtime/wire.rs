@@ -16,9 +16,9 @@
 //! Invariants: every frame written is whole; a frame that does not fit is
 //! refused before anything is written ([`Full`]); the buffer never grows.
 
-use crate::transport::media_streams::events::{base64_len, BASE64};
 use crate::transport::ws_out::{text_message_bytes, Full, PushError, WsOut};
 use base64::Engine;
+use moshid_telephony::media_streams::{base64_len, BASE64};
 use serde_json::Value;
 use std::io::Write;
 

@@ -1,7 +1,7 @@
 //! The RTP telephony transport: Asterisk ARI externalMedia, FreeSWITCH,
 //! CPaaS media bridges — anything that sends and receives plain RTP.
 //!
-//! A control call (`POST /v1/rtp/sessions`, [`control`]) allocates a
+//! A control call (`POST /v1/rtp/sessions`, [`crate::api::rtp`]) allocates a
 //! session: a model slot, a UDP port on the I/O core that took the call,
 //! and the session's task there ([`session`]). The session latches onto
 //! the first source of valid RTP (symmetric RTP; a third party cannot take
@@ -16,19 +16,13 @@
 //! ignored — the daemon sends none. Loss and jitter are visible on the
 //! session's counters instead.
 //!
-//! Files: [`packet`] (RFC 3550 parse/write), [`seq`] (extended sequence
-//! numbers and timestamps), [`jitter`] and [`conceal`] (playout),
-//! [`dtmf`], [`sender`], [`clock`], [`state`] (what the control API sees,
-//! the registry), [`session`] (the tasks), [`start`] (making a session:
-//! shared by [`control`] (HTTP) and the SIP endpoint).
+//! The protocol without I/O is `moshid_telephony::rtp`: packets (RFC 3550
+//! parse/write), extended sequence numbers and timestamps, the jitter
+//! buffer and concealment (playout), DTMF, the sender's packets and the
+//! release clock. Files here: [`state`] (what the control API sees, the
+//! registry), [`session`] (the tasks), [`start`] (making a session: shared
+//! by the control API and the SIP endpoint).
 
-pub mod clock;
-pub mod conceal;
-pub mod dtmf;
-pub mod jitter;
-pub mod packet;
-pub mod sender;
-pub mod seq;
 pub mod session;
 pub mod start;
 pub mod state;

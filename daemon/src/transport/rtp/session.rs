@@ -32,22 +32,23 @@
 //! resampling of the model's frame and the payload encoding of its
 //! packets), `send` per packet written to the socket.
 
-use super::clock::ReleaseClock;
-use super::dtmf::DtmfDetector;
-use super::jitter::{JitterBuffer, JitterConfig, PacketKind};
-use super::packet;
-use super::sender::{Outbound, StreamStart};
-use super::state::{RtpCounters, RtpEvent, RtpGauges, SessionHandle};
+use super::state::{Registry, RtpCounters, RtpEvent, RtpGauges, SessionHandle};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
-use crate::telephony::{CodecSpec, FrameResampler};
 use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 use glommio::net::UdpSocket;
+use moshid_telephony::rtp::clock::ReleaseClock;
+use moshid_telephony::rtp::dtmf::DtmfDetector;
+use moshid_telephony::rtp::jitter::{JitterBuffer, JitterConfig, PacketKind};
+use moshid_telephony::rtp::packet;
+use moshid_telephony::rtp::sender::{Outbound, StreamStart};
+use moshid_telephony::rtp::SessionSpec;
+use moshid_telephony::FrameResampler;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -65,21 +66,6 @@ const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most packets sent at once when the executor woke late; beyond, packet
 /// times are skipped.
 const MAX_SEND_CATCH_UP: u32 = 3;
-
-/// What a session was asked for.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionSpec {
-    /// The codec.
-    pub codec: CodecSpec,
-    /// Payload type of audio.
-    pub payload_type: u8,
-    /// Packet duration sent, in milliseconds.
-    pub ptime_ms: u32,
-    /// Payload type of RFC 4733 events.
-    pub dtmf_payload_type: Option<u8>,
-    /// Where to send, and the only IP accepted, when given.
-    pub remote: Option<SocketAddr>,
-}
 
 /// The session's audio path, made before admission.
 pub struct MediaPath {
@@ -161,7 +147,7 @@ fn report_dtmf(
     handle: &SessionHandle,
     count: &mut u64,
     events: Option<&mut EventSink>,
-    e: super::dtmf::DtmfEvent,
+    e: moshid_telephony::rtp::dtmf::DtmfEvent,
 ) {
     *count += 1;
     if let Some(events) = events {
@@ -280,6 +266,7 @@ struct ClockCounters {
 
 struct Session {
     app: CoreApp,
+    registry: Arc<Registry>,
     handle: Arc<SessionHandle>,
     spec: SessionSpec,
     socket: Rc<UdpSocket>,
@@ -329,6 +316,8 @@ pub struct NewSession {
     pub mailbox: Rc<Mailbox>,
     /// The session's record.
     pub rec: SessionRecord,
+    /// The registry the session is listed in (left at its end).
+    pub registry: Arc<Registry>,
 }
 
 /// Runs a session to its end.
@@ -341,6 +330,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
         ticket,
         mailbox,
         rec,
+        registry,
     } = new;
     let now = Instant::now();
     let events = handle.take_events().unwrap_or_else(|| {
@@ -380,6 +370,7 @@ pub async fn run(new: NewSession, app: CoreApp) {
     // The release ring holds every frame that may be in flight.
     let app_in_flight = app.shared.config.session.max_frames_in_flight.max(1);
     let mut s = Session {
+        registry,
         app,
         handle,
         spec,
@@ -643,6 +634,10 @@ impl Session {
         let mut now = None;
         let mut metrics_on = None;
         while self.mailbox.take(&mut self.record) {
+            if self.record.kind == FromEngineKind::PromptReady {
+                // Answers no frame: the prompt ran before the first frames.
+                continue;
+            }
             let t = *now.get_or_insert_with(Instant::now);
             if self.in_flight > 0 {
                 let released = self.released_at[self.released_head];
@@ -664,6 +659,7 @@ impl Session {
                     continue;
                 }
                 FromEngineKind::NoOutputYet => self.c.engine_no_output += 1,
+                FromEngineKind::PromptReady => {}
                 FromEngineKind::Output => {
                     self.c.engine_outputs += 1;
                     self.rec.frames_out += 1;
@@ -784,7 +780,7 @@ impl Session {
         let (c, _) = self.counters();
         self.handle
             .set_ended(serde_json::json!({ "record": self.rec, "counters": c }));
-        self.app.shared.rtp.remove(&self.handle.id);
+        self.registry.remove(&self.handle.id);
         self.app.ctx.end_session(self.ticket);
         self.rec.log();
         eprintln!(

@@ -14,16 +14,17 @@
 //! task's end); the event stream is registered before the session's id is
 //! handed out, so `/v1/sessions/{id}/events` works from the first answer.
 
-use super::session::{self, MediaPath, NewSession, SessionSpec};
-use super::state::{SessionHandle, SessionInfo};
+use super::session::{self, MediaPath, NewSession};
+use super::state::{Registry, SessionHandle, SessionInfo};
+use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::events::webhook::WebhookUrl;
 use crate::events::EventSink;
-use crate::io::app::CoreApp;
 use crate::io::mailbox::Mailbox;
 use crate::session::record::{EndReason, SessionRecord};
 use glommio::net::UdpSocket;
 use moshid_model::streaming::SessionParams;
+use moshid_telephony::rtp::SessionSpec;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -114,26 +115,32 @@ impl Reservation {
 
 /// Starts a session on this core: socket, audio path, slot, events,
 /// registry, task.
-pub fn start(app: &CoreApp, req: StartRequest) -> Result<Started, StartError> {
+pub fn start(
+    app: &CoreApp,
+    registry: &Arc<Registry>,
+    req: StartRequest,
+) -> Result<Started, StartError> {
     let cfg = &app.shared.config;
     // Every buffer is made before the slot is taken.
     let media = MediaPath::configured(&req.spec, &cfg.rtp)
         .map_err(|e| StartError::Internal(format!("cannot set up the audio path: {e}")))?;
     let reservation = reserve(
         app,
+        registry,
         req.params,
         req.webhook,
         req.transport,
         req.alias,
         req.reached_at,
     )?;
-    launch(app, reservation, req.spec, media)
+    launch(app, registry, reservation, req.spec, media)
 }
 
 /// Takes a socket, a slot and an event stream for a session whose codec is
 /// not known yet (see [`Reservation`]).
 pub fn reserve(
     app: &CoreApp,
+    registry: &Registry,
     params: SessionParams,
     webhook: Option<WebhookUrl>,
     transport: &'static str,
@@ -142,7 +149,7 @@ pub fn reserve(
 ) -> Result<Reservation, StartError> {
     let shared = &app.shared;
     let cfg = &shared.config;
-    if shared.rtp.len() >= cfg.rtp.max_sessions {
+    if registry.len() >= cfg.rtp.max_sessions {
         return Err(limit(cfg.rtp.max_sessions));
     }
     let bind_ip = cfg.rtp.bind_address.unwrap_or(cfg.listen.address.ip());
@@ -195,12 +202,13 @@ fn limit(max: usize) -> StartError {
 /// filled it since [`reserve`]: then the reservation is given back.
 pub fn launch(
     app: &CoreApp,
+    registry: &Arc<Registry>,
     r: Reservation,
     spec: SessionSpec,
     media: MediaPath,
 ) -> Result<Started, StartError> {
     let max = app.shared.config.rtp.max_sessions;
-    if app.shared.rtp.len() >= max {
+    if registry.len() >= max {
         r.abandon(app, EndReason::Refused(limit(max).to_string()));
         return Err(limit(max));
     }
@@ -233,7 +241,7 @@ pub fn launch(
     };
     let handle = Arc::new(SessionHandle::new(id.clone(), info));
     handle.attach_events(events);
-    if !app.shared.rtp.insert(handle.clone(), max) {
+    if !registry.insert(handle.clone(), max) {
         // Another core filled the registry between the check and here.
         rec.end(EndReason::Refused(limit(max).to_string()));
         if let Some(events) = handle.take_events() {
@@ -259,6 +267,7 @@ pub fn launch(
         ticket,
         mailbox,
         rec,
+        registry: registry.clone(),
     };
     glommio::spawn_local(session::run(new, app.clone())).detach();
     Ok(Started {

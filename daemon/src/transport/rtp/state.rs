@@ -12,7 +12,7 @@
 //! creation until its task ends — the registry holds no ended session, so
 //! it empties with the sessions.
 
-use super::dtmf::DtmfEvent;
+use moshid_telephony::rtp::dtmf::DtmfEvent;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -267,7 +267,7 @@ pub struct SessionHandle {
     /// A codec or address change asked for (SIP re-INVITE), taken by the
     /// session's task at its next turn; `media_change_pending` says so
     /// without the lock, so the task's loop reads one atomic per turn.
-    media_change: Mutex<Option<super::session::SessionSpec>>,
+    media_change: Mutex<Option<moshid_telephony::rtp::SessionSpec>>,
     media_change_pending: AtomicBool,
 }
 
@@ -295,13 +295,13 @@ impl SessionHandle {
 
     /// Asks the session to carry on with `spec` (another codec, payload
     /// types or far end); the latest request wins.
-    pub fn request_media_change(&self, spec: super::session::SessionSpec) {
+    pub fn request_media_change(&self, spec: moshid_telephony::rtp::SessionSpec) {
         *self.media_change.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec);
         self.media_change_pending.store(true, Ordering::Release);
     }
 
     /// The change asked for, once (the session's task).
-    pub fn take_media_change(&self) -> Option<super::session::SessionSpec> {
+    pub fn take_media_change(&self) -> Option<moshid_telephony::rtp::SessionSpec> {
         // A plain load first: the task asks on every turn, and a change is rare.
         if !self.media_change_pending.load(Ordering::Acquire)
             || !self.media_change_pending.swap(false, Ordering::AcqRel)

@@ -10,7 +10,7 @@
 //!
 //! Verdicts: no Authorization for our realm → 401 with one
 //! `WWW-Authenticate: Digest` per `sip.auth.algorithms`, each with
-//! `qop="auth"`, a fresh nonce ([`super::nonce`]) and the core's opaque;
+//! `qop="auth"`, a fresh nonce ([`moshid_telephony::sip::nonce`]) and the core's opaque;
 //! a header that cannot be read, or lacks what `qop=auth` needs, or whose
 //! `uri` is not the Request-URI → 400 with a `Warning` (RFC 7616 §3.4.6);
 //! an unknown user, an algorithm not offered or a wrong response → 401
@@ -20,11 +20,11 @@
 //! `stale=true` (RFC 7616 §3.3: the peer may retry without asking its
 //! user). Only a correct response on a good nonce is [`Verdict::Caller`].
 
-use super::auth_header::{self, DigestResponse};
-use super::digest::{self, Algorithm};
-use super::message::Request;
-use super::nonce::Nonces;
 use crate::config::sip::SipAuthConfig;
+use moshid_telephony::sip::auth_header::{self, DigestResponse};
+use moshid_telephony::sip::digest::{self, Algorithm};
+use moshid_telephony::sip::message::Request;
+use moshid_telephony::sip::nonce::Nonces;
 use std::time::{Duration, Instant};
 
 /// What a request's credentials earned it.
@@ -180,7 +180,7 @@ impl Authenticator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sip::message::parse_request;
+    use moshid_telephony::sip::message::parse_request;
 
     fn authenticator(algorithms: &[&str]) -> Authenticator {
         let c = SipAuthConfig {

@@ -16,10 +16,10 @@
 //! `sip_connection_closed`: moshid opens no connections, so it could
 //! neither hang up nor hear a BYE) take it out; whatever ends it, its RTP session is asked to stop.
 
-use super::peer::{Peer, Transport};
-use super::sdp::{Choice, Offer};
-use super::transaction::Backoff;
 use crate::transport::rtp::state::SessionHandle;
+use moshid_telephony::sip::peer::{Peer, Transport};
+use moshid_telephony::sip::sdp::{Choice, Offer};
+use moshid_telephony::sip::transaction::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,7 +32,7 @@ pub enum CallState {
         /// When to answer.
         answer_at: Instant,
         /// The INVITE (answered with 200 or 487).
-        invite: Box<super::message::Request>,
+        invite: Box<moshid_telephony::sip::message::Request>,
         /// The key of its transaction (for CANCEL).
         invite_tx: String,
     },

@@ -1,5 +1,5 @@
 //! Answering a digest challenge (RFC 3261 §22.2, RFC 7616, RFC 8760): the
-//! client side of [`super::digest`], for the requests moshid sends itself
+//! client side of [`moshid_telephony::sip::digest`], for the requests moshid sends itself
 //! (the INVITEs of the calls it places, its REGISTERs).
 //!
 //! A 401 carries `WWW-Authenticate`, a 407 `Proxy-Authenticate`, one per
@@ -11,15 +11,15 @@
 //! replaces it.
 //!
 //! Invariants: never panics on any header (the parser is
-//! [`super::auth_header::parse`], fuzzed); a challenge moshid cannot answer
+//! [`moshid_telephony::sip::auth_header::parse`], fuzzed); a challenge moshid cannot answer
 //! (another scheme, `auth-int` only, an unknown algorithm) is an error
 //! naming why, so the request fails with that reason instead of looping.
 
-use super::auth_header;
-use super::digest::{self, Algorithm, Inputs};
-use super::message::Message;
-use super::quoted_string::{self, QuotedStringError};
 use crate::config::sip::SipClientCredentials;
+use moshid_telephony::sip::auth_header;
+use moshid_telephony::sip::digest::{self, Algorithm, Inputs};
+use moshid_telephony::sip::message::Message;
+use moshid_telephony::sip::quoted_string::{self, QuotedStringError};
 
 /// A challenge moshid can answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,7 +171,7 @@ impl Challenge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sip::message::parse;
+    use moshid_telephony::sip::message::parse;
 
     fn creds() -> SipClientCredentials {
         SipClientCredentials {

@@ -38,68 +38,26 @@
 //! RTP session that ends ends its call (BYE).
 
 use super::auth::{Authenticator, Verdict};
-use super::build::{self, Ids, ALLOW};
 use super::call::{Call, CallState};
-use super::message::{self, Request};
 use super::params::{pairs_for, ParamsError};
-use super::peer::{Peer, Transport};
-use super::sdp::{self, Negotiation};
-use super::transaction::{self, Backoff, Table, Timers};
+use super::status::SipShared;
+use crate::app::CoreApp;
 use crate::config::sip::SipConfig;
-use crate::io::app::CoreApp;
 use crate::io::log_gate::LogGate;
+use crate::metrics::sip::SipCounters;
 use crate::session::params::session_params;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, StartError, StartRequest};
-use crate::transport::rtp::state::SessionState;
+use crate::transport::rtp::state::{Registry, SessionState};
+use moshid_telephony::sip::build::{self, Ids, ALLOW};
+use moshid_telephony::sip::message::{self, Request};
+use moshid_telephony::sip::peer::{Peer, Transport};
+use moshid_telephony::sip::sdp::{self, Negotiation};
+use moshid_telephony::sip::transaction::{self, Backoff, Table, Timers};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Counters of one core's endpoint (logged, and in `/metrics` through
-/// [`crate::metrics::sip`]: a field added here needs its series there).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SipCounters {
-    /// Requests received (retransmissions included).
-    pub requests: u64,
-    /// Responses received (to moshid's BYEs).
-    pub responses: u64,
-    /// Datagrams that were not SIP at all (dropped).
-    pub not_sip: u64,
-    /// Requests answered 4xx for being malformed.
-    pub malformed: u64,
-    /// Retransmitted requests answered from their transaction.
-    pub retransmissions: u64,
-    /// Responses resent by timers (G, 2xx, BYE's E).
-    pub resent: u64,
-    /// Requests refused by `sip.allowed_sources`.
-    pub forbidden: u64,
-    /// INVITEs answered 401 (challenged: without credentials, or with
-    /// wrong or stale ones).
-    pub challenged: u64,
-    /// INVITEs whose credentials were right.
-    pub authenticated: u64,
-    /// Calls answered.
-    pub calls: u64,
-    /// INVITEs refused for capacity (486/503).
-    pub busy: u64,
-    /// INVITEs refused for their SDP (488/400).
-    pub not_acceptable: u64,
-    /// Calls CANCELled before the answer.
-    pub cancelled: u64,
-    /// BYEs sent by moshid.
-    pub byes_sent: u64,
-    /// Calls moshid placed (INVITE sent).
-    pub placed: u64,
-    /// Placed calls answered.
-    pub placed_answered: u64,
-    /// Placed calls never answered (refused, cancelled, timed out).
-    pub placed_failed: u64,
-    /// REGISTERs answered 2xx.
-    pub registered: u64,
-    /// REGISTERs that failed (refused, timed out, unanswerable challenge).
-    pub registration_failures: u64,
-}
 
 /// Digest authentication on this core.
 enum AuthState {
@@ -116,6 +74,12 @@ enum AuthState {
 /// [`super::uac`], its registrations in [`super::register`].
 pub struct Endpoint {
     pub(super) app: CoreApp,
+    /// The RTP sessions its calls run on (every core's endpoint and the
+    /// control API share the registry).
+    pub(super) rtp: Arc<Registry>,
+    /// The status of the calls moshid places and of its registrations, as
+    /// the control API sees them.
+    pub(super) sip: Arc<SipShared>,
     /// The SIP address (Via and Contact of what moshid sends).
     local: SocketAddr,
     /// The outbound socket's address.
@@ -142,7 +106,13 @@ fn cfg(app: &CoreApp) -> &SipConfig {
 impl Endpoint {
     /// An endpoint for `local` on this core, sending what it starts from
     /// `out_local`.
-    pub fn new(app: CoreApp, local: SocketAddr, out_local: SocketAddr) -> Endpoint {
+    pub fn new(
+        app: CoreApp,
+        rtp: Arc<Registry>,
+        sip: Arc<SipShared>,
+        local: SocketAddr,
+        out_local: SocketAddr,
+    ) -> Endpoint {
         let c = cfg(&app);
         let timers = Timers {
             t1: Duration::from_millis(c.t1_ms),
@@ -159,12 +129,14 @@ impl Endpoint {
             },
         };
         let registrations = if app.ctx.core == 0 {
-            super::register::Registration::all(&app, Instant::now())
+            super::register::Registration::all(&app, &sip, Instant::now())
         } else {
             Vec::new()
         };
         Endpoint {
             app,
+            rtp,
+            sip,
             local,
             out_local,
             timers,
@@ -200,7 +172,7 @@ impl Endpoint {
     }
 
     /// Handles one message from `src`: a UDP datagram, or a message a TCP
-    /// connection's [`super::framing::Framer`] cut out.
+    /// connection's [`moshid_telephony::sip::framing::Framer`] cut out.
     pub fn on_message(&mut self, data: &[u8], src: Peer, now: Instant) {
         match message::parse_request(data) {
             Ok(Some(req)) => {
@@ -236,7 +208,7 @@ impl Endpoint {
     ) -> Option<Vec<u8>> {
         self.counters.malformed += 1;
         self.log_refusal(src, why);
-        let head = super::framing::without_content_length(head);
+        let head = moshid_telephony::sip::framing::without_content_length(head);
         let req = message::parse_request(&head).ok().flatten()?;
         if req.method == "ACK" {
             return None;
@@ -492,7 +464,7 @@ impl Endpoint {
     fn on_invite(
         &mut self,
         req: Request,
-        uri: super::uri::SipUri,
+        uri: moshid_telephony::sip::uri::SipUri,
         key: &str,
         src: Peer,
         caller: Option<String>,
@@ -570,6 +542,7 @@ impl Endpoint {
         let webhook = crate::events::webhook::default_for(&shared.config);
         let started = match start::start(
             &self.app,
+            &self.rtp,
             StartRequest {
                 spec,
                 params,
@@ -890,7 +863,7 @@ impl Endpoint {
             if let Some(status) = &call.outbound {
                 status.finished(None, why);
                 let keep = cfg(&self.app).outbound.keep_ended;
-                self.app.shared.sip.calls.retire(&status.id, keep);
+                self.sip.calls.retire(&status.id, keep);
             }
             eprintln!(
                 "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",

@@ -5,8 +5,8 @@
 //! model does not know are ignored, as in a chat query (`transport`, `lr`,
 //! `user` and the like are URI parameters, not session ones).
 
-use super::uri::SipUri;
 use crate::config::sip::SipConfig;
+use moshid_telephony::sip::uri::SipUri;
 
 /// Why a call's parameters were refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

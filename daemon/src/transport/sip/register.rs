@@ -18,16 +18,16 @@
 //! outcome is in its [`RegistrationStatus`] and the counters; nothing here
 //! can end or touch a call.
 
-use super::build::{self, InDialog};
 use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
-use super::message::Message;
-use super::peer::Peer;
-use super::status::RegistrationStatus;
-use super::transaction::Backoff;
-use super::uri::SipUri;
+use super::status::{RegistrationStatus, SipShared};
+use crate::app::CoreApp;
 use crate::config::sip::SipRegistrationConfig;
-use crate::io::app::CoreApp;
+use moshid_telephony::sip::build::{self, InDialog};
+use moshid_telephony::sip::message::Message;
+use moshid_telephony::sip::peer::Peer;
+use moshid_telephony::sip::transaction::Backoff;
+use moshid_telephony::sip::uri::SipUri;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,14 +89,14 @@ pub fn host_port(hostport: &str) -> Option<(String, u16)> {
 impl Registration {
     /// One per `sip.registrations` entry, each due at `now` (the config
     /// was checked at start, so every URI reads).
-    pub fn all(app: &CoreApp, now: Instant) -> Vec<Registration> {
-        let mut ids = super::build::Ids::new();
+    pub fn all(app: &CoreApp, sip: &SipShared, now: Instant) -> Vec<Registration> {
+        let mut ids = moshid_telephony::sip::build::Ids::new();
         app.shared
             .config
             .sip
             .registrations
             .iter()
-            .zip(&app.shared.sip.registrations)
+            .zip(&sip.registrations)
             .filter_map(|(cfg, status)| {
                 let uri = SipUri::parse(&cfg.registrar).ok()?;
                 let host = host_port(&uri.host)?;
@@ -375,7 +375,7 @@ pub fn granted_expires(m: &Message, asked: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sip::message::parse;
+    use moshid_telephony::sip::message::parse;
 
     #[test]
     fn host_ports() {

@@ -16,11 +16,13 @@
 //! message for a connection that is gone is dropped and counted.
 
 use super::endpoint::Endpoint;
-use super::peer::{Peer, Transport};
-use crate::io::app::CoreApp;
+use super::status::SipShared;
+use crate::app::CoreApp;
 use crate::metrics::sip::SipPublished;
+use crate::transport::rtp::Registry;
 use glommio::channels::local_channel::LocalSender;
 use glommio::net::{TcpListener, UdpSocket};
+use moshid_telephony::sip::peer::{Peer, Transport};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -139,13 +141,20 @@ impl Drop for Registered {
 
 /// Serves SIP on this core, over `udp` and, when given, `tcp`, and starts
 /// outbound calls and registrations over `udp_out`, until cancelled.
-pub async fn serve(udp: UdpSocket, udp_out: UdpSocket, tcp: Option<TcpListener>, app: CoreApp) {
+pub async fn serve(
+    udp: UdpSocket,
+    udp_out: UdpSocket,
+    tcp: Option<TcpListener>,
+    app: CoreApp,
+    rtp: Arc<Registry>,
+    sip: Arc<SipShared>,
+) {
     let local = udp.local_addr().unwrap_or(app.shared.config.sip.address);
     let out_local = udp_out
         .local_addr()
         .unwrap_or(SocketAddr::new(local.ip(), 0));
     let wire = Rc::new(Wire {
-        endpoint: RefCell::new(Endpoint::new(app.clone(), local, out_local)),
+        endpoint: RefCell::new(Endpoint::new(app.clone(), rtp, sip, local, out_local)),
         udp,
         udp_out,
         tcp: RefCell::new(HashMap::new()),

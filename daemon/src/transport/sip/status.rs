@@ -157,7 +157,7 @@ impl OutboundCall {
             "answered_unix_ms": p.answered_unix_ms,
             "ended_unix_ms": p.ended_unix_ms,
             "hang_up_requested": self.hang_up_requested(),
-            "event_stream": format!("{}/{}/events", crate::api::events::SESSIONS_PATH, self.id),
+            "event_stream": format!("{}/{}/events", crate::events::SESSIONS_PATH, self.id),
         })
     }
 }

@@ -27,16 +27,16 @@
 //! stream; answers leave in the order the endpoint made them; nothing a
 //! connection sends reaches another connection's calls or the UDP ones.
 
-use super::framing::{Frame, FrameError, Framer, PONG};
-use super::peer::Peer;
 use super::serve::Wire;
+use crate::app::CoreApp;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
-use crate::io::app::CoreApp;
 use crate::io::pending::{Pending, PendingEnd};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver};
 use glommio::net::{TcpListener, TcpStream};
+use moshid_telephony::sip::framing::{Frame, FrameError, Framer, PONG};
+use moshid_telephony::sip::peer::Peer;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -83,7 +83,7 @@ impl End {
 /// Accepts SIP connections on this core until cancelled.
 pub async fn accept_loop(listener: TcpListener, wire: Rc<Wire>, app: CoreApp) {
     let cfg = &app.shared.config.sip;
-    let table = ConnTable::register(&app, "sip_tcp", cfg.max_tcp_connections, 0);
+    let table = ConnTable::register(&app.ctx, "sip_tcp", cfg.max_tcp_connections, 0);
     let core = app.ctx.core;
     let pace = AcceptPace::default();
     loop {

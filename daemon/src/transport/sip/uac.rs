@@ -31,20 +31,20 @@
 //! ([`OutboundCall::finished`]) and leaves the live table; attempts per
 //! core are bounded with the dialogs (`sip.max_dialogs`).
 
-use super::build::{self, InDialog, ALLOW};
 use super::call::{Call, CallState};
 use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
-use super::message::{self, Message};
-use super::peer::Peer;
-use super::sdp;
 use super::status::OutboundCall;
-use super::transaction::Backoff;
 use crate::events::webhook::WebhookUrl;
 use crate::session::record::EndReason;
 use crate::transport::rtp::session::MediaPath;
 use crate::transport::rtp::start::{self, Reservation, StartError};
 use moshid_model::streaming::SessionParams;
+use moshid_telephony::sip::build::{self, InDialog, ALLOW};
+use moshid_telephony::sip::message::{self, Message};
+use moshid_telephony::sip::peer::Peer;
+use moshid_telephony::sip::sdp;
+use moshid_telephony::sip::transaction::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -143,7 +143,7 @@ impl Endpoint {
     }
 
     /// Places a call: reserves its session, sends the INVITE. The call's
-    /// status is in `shared.sip.calls` under the returned id.
+    /// status is in the shared `calls` table under the returned id.
     pub fn place(
         &mut self,
         req: PlaceRequest,
@@ -165,6 +165,7 @@ impl Endpoint {
         );
         let reservation = start::reserve(
             &self.app,
+            &self.rtp,
             req.params,
             req.webhook,
             "sip",
@@ -182,13 +183,7 @@ impl Endpoint {
             call_id.clone(),
             self.app.ctx.core,
         );
-        if !self
-            .app
-            .shared
-            .sip
-            .calls
-            .insert(status.clone(), c.outbound.max_calls)
-        {
+        if !self.sip.calls.insert(status.clone(), c.outbound.max_calls) {
             let why = format!(
                 "sip.outbound.max_calls ({}) calls placed",
                 c.outbound.max_calls
@@ -307,7 +302,7 @@ impl Endpoint {
         }
         o.status.finished(code, why);
         let keep = self.app.shared.config.sip.outbound.keep_ended;
-        self.app.shared.sip.calls.retire(&o.status.id, keep);
+        self.sip.calls.retire(&o.status.id, keep);
         self.counters.placed_failed += 1;
         eprintln!(
             "<6>sip call failed id={} call_id={} to={} status={} reason={why}",
@@ -511,7 +506,7 @@ impl Endpoint {
                     .reservation
                     .take()
                     .expect("an unanswered call holds its reservation");
-                let started = start::launch(&self.app, reservation, spec, media)
+                let started = start::launch(&self.app, &self.rtp, reservation, spec, media)
                     .map_err(|e| ("busy", e.to_string()))?;
                 Ok((theirs, choice, started))
             });

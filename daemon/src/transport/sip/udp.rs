@@ -1,16 +1,16 @@
 //! SIP over UDP on one I/O core: the socket (`SO_REUSEPORT`, one per core,
 //! so the kernel keeps each peer on one core), the core's own outbound
 //! socket (a port of its own, for the calls and registrations moshid
-//! starts: see [`super::peer::Transport::UdpOut`]) and their receivers,
+//! starts: see [`moshid_telephony::sip::peer::Transport::UdpOut`]) and their receivers,
 //! feeding the core's endpoint ([`super::serve`]).
 //!
 //! Invariants: the receiver is never cancelled mid-read while the daemon
 //! serves (a cancelled io_uring read could lose a datagram); a datagram
 //! over `sip.max_message_bytes` is dropped and counted, never parsed.
 
-use super::peer::Peer;
 use super::serve::Wire;
 use glommio::net::UdpSocket;
+use moshid_telephony::sip::peer::Peer;
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::time::{Duration, Instant};

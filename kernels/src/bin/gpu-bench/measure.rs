@@ -66,7 +66,10 @@ fn session(lm: &LmConfig, cfg: Option<f32>, s: usize) -> SessionParams {
     } else if let Some(c) = cfg {
         gen.cfg_coef = c;
     }
-    SessionParams { gen }
+    SessionParams {
+        gen,
+        ..SessionParams::default()
+    }
 }
 
 /// Writes this step's input frame of every slot in `0..b`: slot `s` hears a

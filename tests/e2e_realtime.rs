@@ -20,7 +20,6 @@
 //!   browsers' subprotocol; G.711 sessions; a client sending faster than
 //!   real time is slowed, not buffered, and loses no frame.
 
-#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use base64::Engine;

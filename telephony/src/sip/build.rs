@@ -200,7 +200,7 @@ pub fn request_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::sip::message::{parse, parse_request, StartLine};
+    use crate::sip::message::{parse, parse_request, StartLine};
 
     #[test]
     fn responses_copy_what_they_must() {

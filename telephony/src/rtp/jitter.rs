@@ -37,7 +37,7 @@
 use super::conceal::Concealer;
 use super::packet::RtpPacket;
 use super::seq::{SeqTracker, SeqUpdate, TsTracker};
-use crate::telephony::{CodecError, CodecKind, CodecSpec, MediaDecoder};
+use crate::{CodecError, CodecKind, CodecSpec, MediaDecoder};
 use serde::Serialize;
 
 /// Target growth on an underrun, and the excess that triggers a drop, in ms.
@@ -866,7 +866,7 @@ impl JitterBuffer {
 mod tests {
     use super::super::packet::{parse, write_header};
     use super::*;
-    use crate::telephony::g711::{linear_to_ulaw, Law};
+    use crate::g711::{linear_to_ulaw, Law};
 
     /// PCMU packets of 20 ms carrying a ramp of known values so that the
     /// output can be traced back to sequence numbers.
@@ -1033,7 +1033,7 @@ mod tests {
 
     #[test]
     fn opus_loss_uses_plc_or_fec() {
-        use crate::telephony::MediaEncoder;
+        use crate::MediaEncoder;
         let spec = CodecSpec::OPUS;
         let mut jb = JitterBuffer::new(JitterConfig {
             spec,

@@ -132,7 +132,7 @@ impl CodecSpec {
     /// The rate PCM is decoded to and encoded from.
     pub fn media_rate_hz(&self) -> u32 {
         match self.kind {
-            CodecKind::Opus => crate::SAMPLE_RATE_HZ,
+            CodecKind::Opus => crate::MODEL_RATE_HZ,
             _ => self.sample_rate_hz,
         }
     }

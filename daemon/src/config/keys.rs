@@ -23,7 +23,7 @@
 //! side effect of the configuration runs; the walk ends (a key path only
 //! grows through struct fields, which are finite and non-recursive here).
 
-use crate::config::Config;
+use super::Config;
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor,
 };
@@ -413,7 +413,7 @@ mod tests {
         let named = |n: &str| keys.iter().find(|k| k.name == n).cloned();
         assert_eq!(
             named("model.backend").map(|k| k.kind),
-            Some(KeyKind::Choice(&["auto", "cpu", "cuda"]))
+            Some(KeyKind::Choice(&["auto", "cpu", "cuda", "emu"]))
         );
         assert!(named("listen.token").is_some_and(|k| k.nullable));
         assert!(named("sip.registrations.expires_s").is_some());

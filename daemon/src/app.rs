@@ -1,12 +1,16 @@
-//! What every session on an I/O core can reach: the core's context, the
-//! configuration, the text pieces and the model's description.
+//! What every session on an I/O core can reach: the core's context and its
+//! budget of connections not yet started, the configuration, the text
+//! pieces, what conditioning the model accepts, session ids and the event
+//! hub. What only one transport or the HTTP API needs (the RTP sessions,
+//! the SIP calls and registrations, the model's description, TLS) is not
+//! here: it is handed to those who use it ([`crate::api::ApiShared`]).
 //!
 //! Invariants: one `CoreApp` per executor, made once at start; everything in
 //! it is read-only after start except the core context's own cells.
 
-use super::core::CoreContext;
-use super::pending::{PendingBudget, PendingLimits};
 use crate::config::Config;
+use crate::io::core::CoreContext;
+use crate::io::pending::{PendingBudget, PendingLimits};
 use crate::metrics::connections::PendingCounters;
 use crate::session::params::ModelInfo;
 use moshid_model::spm::PieceTable;
@@ -26,17 +30,8 @@ pub struct Shared {
     pub model_info: ModelInfo,
     /// Session ids.
     next_session_id: AtomicU64,
-    /// Live RTP sessions (the control API reaches them from any core).
-    pub rtp: crate::transport::rtp::Registry,
-    /// The loaded model, described (`GET /v1/model`).
-    pub model: crate::api::model::ModelDescription,
-    /// The listener's TLS, when `listen.tls_cert_file` is set.
-    pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Every live session's events, and the webhooks.
     pub events: crate::events::EventHub,
-    /// The SIP calls moshid places and its registrations, as the control
-    /// API sees them.
-    pub sip: crate::transport::sip::status::SipShared,
 }
 
 impl Shared {
@@ -49,15 +44,11 @@ impl Shared {
             .unwrap_or(0);
         Shared {
             events: crate::events::EventHub::new(&config.events),
-            sip: crate::transport::sip::status::SipShared::new(&config.sip),
             config,
             max_text_bytes,
             pieces,
             model_info,
             next_session_id: AtomicU64::new(1),
-            rtp: crate::transport::rtp::Registry::default(),
-            model: crate::api::model::ModelDescription::default(),
-            tls: None,
         }
     }
 

@@ -17,7 +17,7 @@
 //! allocates.
 
 use super::packet::{write_header, HEADER_BYTES};
-use crate::telephony::{CodecError, CodecSpec, MediaEncoder};
+use crate::{CodecError, CodecSpec, MediaEncoder};
 
 /// Counters of the outgoing stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -266,7 +266,7 @@ impl Outbound {
 mod tests {
     use super::super::packet::parse;
     use super::*;
-    use crate::telephony::g711::Law;
+    use crate::g711::Law;
 
     #[test]
     fn paced_stream_with_comfort_silence_and_talkspurts() {

@@ -18,9 +18,9 @@
 //! sdp_offer.rs`); an offer with nothing in common is [`Negotiation::NoCodec`]
 //! (488), a broken one [`OfferError`] (400 or 488).
 
-use crate::telephony::codec::L16_RATES_HZ;
-use crate::telephony::{CodecKind, CodecSpec};
-use crate::transport::rtp::session::SessionSpec;
+use crate::codec::L16_RATES_HZ;
+use crate::rtp::SessionSpec;
+use crate::{CodecKind, CodecSpec};
 use std::net::{IpAddr, SocketAddr};
 
 /// Media lines accepted in one offer.

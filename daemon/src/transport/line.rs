@@ -20,13 +20,13 @@
 //!
 //! Invariants: everything is sized at construction (one frame in, one frame
 //! and `capacity` packets out); `push`, `push_frame`, `front`, `pop` never
-//! allocate. (The telephony codecs and resampler are `crate::telephony`'s;
+//! allocate. (The telephony codecs and resampler are `moshid_telephony`'s;
 //! the byte layouts of these two transports are here.)
 
-use crate::telephony::g711::{f32_to_i16, Law};
-use crate::telephony::resample::ResampleError;
-use crate::telephony::FrameResampler;
 use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use moshid_telephony::g711::{f32_to_i16, Law};
+use moshid_telephony::resample::ResampleError;
+use moshid_telephony::FrameResampler;
 use std::time::{Duration, Instant};
 
 /// Packet duration on the line, in milliseconds.
