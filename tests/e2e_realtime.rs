@@ -472,6 +472,11 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
     ];
     for (msg, code) in bad {
         pace(&mut healthy);
+        // The engine frees an ended session's slot on its next tick: wait
+        // for it rather than race it (the demo model has 8 slots).
+        daemon.wait_capacity("a free slot", |c| {
+            c["capacity"]["free_slots"].as_u64().unwrap_or(0) > 0
+        });
         let mut c = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
         let created = c.next_event();
         assert_eq!(created["type"], "session.created", "{created}");
