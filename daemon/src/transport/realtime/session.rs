@@ -174,18 +174,21 @@ pub async fn run(
             .map_err(|e| e.to_string())
             .and_then(|p| Ok((p, crate::events::webhook::from_pairs(&query, cfg)?)))
             .map_err(|e| {
-                (
+                Box::new((
                     EndReason::BadParameters(e.clone()),
                     ApiError::invalid("bad_parameters", e),
-                )
+                ))
             })?;
         let mode = response_mode(&query, cfg.realtime.responses)
-            .map_err(|e| (EndReason::BadParameters(e.message.clone()), e))?;
+            .map_err(|e| Box::new((EndReason::BadParameters(e.message.clone()), e)))?;
         Ok((params, mode))
     });
     let ((params, webhook), mode) = match setup {
         Ok(s) => s,
-        Err((reason, e)) => return refuse(ws, rec, reason, e, &app).await,
+        Err(refused) => {
+            let (reason, e) = *refused;
+            return refuse(ws, rec, reason, e, &app).await;
+        }
     };
     let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
         Ok(t) => t,
@@ -213,7 +216,8 @@ pub async fn run(
         mode,
     ) {
         Ok(s) => s,
-        Err((ws, mut link, mut rec, e)) => {
+        Err(unbuilt) => {
+            let (ws, mut link, mut rec, e) = *unbuilt;
             link.release();
             rec.end(EndReason::SendFailed(e.clone()));
             link.finish_events(&rec);
@@ -236,7 +240,7 @@ pub async fn run(
 }
 
 /// Whether the served model fits the endpoint.
-fn model_fits(endpoint: Endpoint, shared: &Shared) -> Result<(), (EndReason, ApiError)> {
+fn model_fits(endpoint: Endpoint, shared: &Shared) -> Result<(), Refused> {
     let hibiki = shared.model_info.is_hibiki;
     let why = match (endpoint, hibiki) {
         (Endpoint::Conversation, true) => {
@@ -247,11 +251,15 @@ fn model_fits(endpoint: Endpoint, shared: &Shared) -> Result<(), (EndReason, Api
         }
         _ => return Ok(()),
     };
-    Err((
+    Err(Box::new((
         EndReason::BadParameters(why.into()),
         ApiError::invalid("model_not_supported", why).param("model"),
-    ))
+    )))
 }
+
+/// Why a session is refused before it starts, and the `error` that says so
+/// (boxed: large, and taken once at most).
+type Refused = Box<(EndReason, ApiError)>;
 
 /// The URL's `responses=turns|continuous`, over the configured default.
 fn response_mode(
@@ -275,7 +283,9 @@ fn response_mode(
     Ok(mode)
 }
 
-type Unbuilt = (Ws, EngineLink, SessionRecord, String);
+/// What a session that could not be built hands back to be ended (boxed:
+/// the socket and the link are large, and this path is taken once at most).
+type Unbuilt = Box<(Ws, EngineLink, SessionRecord, String)>;
 
 impl RtSession {
     fn new(
@@ -303,7 +313,7 @@ impl RtSession {
         .and_then(|i| Ok((i, OutFrames::new(settings.output, in_flight)?)));
         let (input, out_frames) = match audio {
             Ok(a) => a,
-            Err(e) => return Err((ws, link, rec, format!("audio path: {e}"))),
+            Err(e) => return Err(Box::new((ws, link, rec, format!("audio path: {e}")))),
         };
         let silence_frames = (cfg.realtime.response_silence_ms as f64 / FRAME_MS).ceil() as u32;
         let wire = Wire::new(rec.id, out_frames.frame_bytes(), shared.max_text_bytes);

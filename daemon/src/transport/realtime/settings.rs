@@ -324,7 +324,7 @@ fn audio_output(
             }
             (Endpoint::Conversation, "speed") => match v.as_f64() {
                 None if v.is_null() => {}
-                Some(s) if s == 1.0 => {}
+                Some(1.0) => {}
                 _ => {
                     return Err(ApiError::field(
                         param,
