@@ -37,13 +37,8 @@ const IDLE_TIMEOUT_MS: u64 = 400;
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-const HANDSHAKE: u8 = 0x00;
-const AUDIO: u8 = 0x01;
-const TEXT: u8 = 0x02;
-const CONTROL: u8 = 0x03;
-const END_OF_INPUT: u8 = 0x01;
-const METADATA: u8 = 0x04;
-const ERROR: u8 = 0x05;
+use moshid::protocol::control::END_OF_INPUT;
+use moshid::protocol::kind::{AUDIO, CONTROL, ERROR, HANDSHAKE, METADATA, TEXT};
 
 /// The tests share two CPUs: one daemon under load at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

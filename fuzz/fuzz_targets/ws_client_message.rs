@@ -12,7 +12,7 @@ use libfuzzer_sys::fuzz_target;
 use moshid::codec::{
     DecoderConfig, FrameCutter, OggOpusDecoder, FRAME_SAMPLES, MAX_PACKET_SAMPLES,
 };
-use moshid::transport::ws_chat::{parse_client_message, ClientMessage};
+use moshid::protocol::{parse_client_message, ClientMessage};
 use moshid_fuzz::{fix_ogg_crcs, messages};
 
 fuzz_target!(|data: &[u8]| {

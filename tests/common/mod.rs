@@ -34,13 +34,7 @@ pub const SESSION_END_TIMEOUT: Duration = Duration::from_secs(30);
 pub const FRAME: Duration = Duration::from_millis(80);
 
 /// Message kinds of the chat protocol.
-pub mod kind {
-    pub const HANDSHAKE: u8 = 0x00;
-    pub const AUDIO: u8 = 0x01;
-    pub const TEXT: u8 = 0x02;
-    pub const METADATA: u8 = 0x04;
-    pub const ERROR: u8 = 0x05;
-}
+pub use moshid::protocol::kind;
 
 /// A config whose sessions end by themselves shortly after their client
 /// stops sending (the idle timeout is how a session ends with its

@@ -27,6 +27,7 @@ use anyhow::{bail, Context, Result};
 use moshid::codec::ogg_reader::{OggPacketReader, OggReaderConfig, OGG_MAX_PAGE_BYTES};
 use moshid::codec::ogg_writer::{ogg_page_bytes_for_packet, OggPageWriter};
 use moshid::codec::{DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder};
+use moshid::protocol::kind;
 use moshid::FRAME_SAMPLES;
 
 use crate::sys::thread_cpu;
@@ -138,7 +139,7 @@ impl StreamWriter {
     pub fn message(&mut self, audio: &EncodedAudio, frame: usize) -> Result<&[u8]> {
         let frame = frame % audio.frames();
         let out = &mut self.scratch;
-        out[0] = 0x01;
+        out[0] = kind::AUDIO;
         let mut n = 1;
         if self.pages.pages_written() == 0 {
             n += self.pages.write_page(&mut out[n..], &audio.head, 0, 0)?;
@@ -255,7 +256,7 @@ mod tests {
         let mut samples = 0;
         for frame in [0, 1, 3, 4, 5] {
             let message = writer.message(&audio, frame).unwrap();
-            assert_eq!(message[0], 0x01);
+            assert_eq!(message[0], kind::AUDIO);
             decoder.push_bytes(&message[1..]).unwrap();
             while let Some(out) = decoder.next_pcm().unwrap() {
                 samples += out.len();

@@ -34,6 +34,7 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use moshid::protocol::kind;
 use serde_json::Value;
 use tungstenite::{Message, WebSocket};
 
@@ -329,7 +330,7 @@ fn close(ws: &mut WebSocket<TcpStream>, fd: RawFd, out: &mut Outcome) {
     let _ = ws.close(None);
     loop {
         match ws.read() {
-            Ok(Message::Binary(data)) if data.first() == Some(&0x04) => {
+            Ok(Message::Binary(data)) if data.first() == Some(&kind::METADATA) => {
                 out.metadata = serde_json::from_slice(&data[1..]).ok();
             }
             Ok(_) => {}

@@ -11,6 +11,7 @@
 use anyhow::{anyhow, Result};
 use base64::Engine;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
+use moshid::protocol::kind;
 use moshid::FRAME_SAMPLES;
 use serde_json::Value;
 use tungstenite::{Bytes, Message};
@@ -44,8 +45,8 @@ impl Protocol {
     pub fn handshake(self, msg: &Message) -> Option<Result<(), String>> {
         match (self, msg) {
             (Protocol::Chat, Message::Binary(data)) => match data.first() {
-                Some(0x00) => Some(Ok(())),
-                Some(0x05) => Some(Err(String::from_utf8_lossy(&data[1..]).into_owned())),
+                Some(&kind::HANDSHAKE) => Some(Ok(())),
+                Some(&kind::ERROR) => Some(Err(String::from_utf8_lossy(&data[1..]).into_owned())),
                 _ => None,
             },
             (Protocol::Realtime, Message::Text(text)) => {
@@ -106,7 +107,7 @@ impl Caller for ChatCaller {
             return Ok(());
         };
         match data.first() {
-            Some(0x01) => {
+            Some(&kind::AUDIO) => {
                 let mut samples = 0;
                 for piece in data[1..].chunks(32 * 1024) {
                     self.decoder.push_bytes(piece)?;
@@ -119,9 +120,9 @@ impl Caller for ChatCaller {
                 }
                 out.matcher.audio(samples, arrival_ms);
             }
-            Some(0x02) => out.text_messages += 1,
-            Some(0x04) => out.metadata = serde_json::from_slice(&data[1..]).ok(),
-            Some(0x05) => {
+            Some(&kind::TEXT) => out.text_messages += 1,
+            Some(&kind::METADATA) => out.metadata = serde_json::from_slice(&data[1..]).ok(),
+            Some(&kind::ERROR) => {
                 return Err(anyhow!(
                     "server error: {}",
                     String::from_utf8_lossy(&data[1..])

@@ -10,6 +10,7 @@
 pub mod events;
 pub mod metrics;
 pub mod model;
+pub mod ops;
 pub mod page;
 pub mod router;
 pub mod routes;

@@ -362,7 +362,6 @@ async fn route(
     if !in_route_table(stream, app, head).await? {
         return Ok(Route::Done);
     }
-    let engine = &app.ctx.engine;
     match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/api/chat") => {
             if !head.is_websocket_upgrade() {
@@ -392,83 +391,10 @@ async fn route(
                 Endpoint::Translation
             }))
         }
-        ("GET", "/health") => {
-            http::write_json(stream, 200, &serde_json::json!({"status": "ok"})).await?;
-            Ok(Route::Done)
-        }
-        ("GET", "/ready") => {
-            let ready = engine.ready.load(std::sync::atomic::Ordering::Acquire)
-                && engine.admission().accepting();
-            let status = if ready { 200 } else { 503 };
-            http::write_json(stream, status, &serde_json::json!({ "ready": ready })).await?;
-            Ok(Route::Done)
-        }
-        ("GET", "/capacity") => {
-            let body = serde_json::json!({
-                "capacity": engine.capacity(),
-                "engine": engine.stats.snapshot(),
-                "session_state": engine.session_state(),
-                "rtp_sessions": api.rtp.len(),
-                "events": app.shared.events.sizes(),
-                "phase_groups": engine.phase_groups,
-            });
-            http::write_json(stream, 200, &body).await?;
-            Ok(Route::Done)
-        }
-        ("GET", "/metrics") => {
-            let mut text = super::metrics::render(engine);
-            super::metrics::events::append(&mut text, &app.shared.events);
-            http::write_response(
-                stream,
-                200,
-                super::metrics::CONTENT_TYPE,
-                text.as_bytes(),
-                &[],
-            )
-            .await?;
-            Ok(Route::Done)
-        }
-        ("GET", "/admin/metrics") => {
-            let body = serde_json::json!({
-                "enabled": engine.metrics.enabled(),
-                "runtime_switch": app.shared.config.metrics.runtime_switch,
-            });
-            http::write_json(stream, 200, &body).await?;
-            Ok(Route::Done)
-        }
-        ("POST", "/admin/metrics") => {
-            if !app.shared.config.metrics.runtime_switch {
-                http::write_error(
-                    stream,
-                    403,
-                    "metrics.runtime_switch is false in the configuration",
-                )
-                .await?;
-                return Ok(Route::Done);
+        (_, path) if super::ops::PATHS.contains(&path) => {
+            if !super::ops::handle(stream, app, api, head, buf, limits).await? {
+                http::write_error(stream, 405, "method not allowed").await?;
             }
-            let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
-            let body = http::deadline(timeout, http::read_body(stream, head, buf, limits)).await?;
-            let on = match crate::metrics::parse_switch_body(body) {
-                Ok(on) => on,
-                Err(why) => {
-                    http::write_error(stream, 400, &why).await?;
-                    return Ok(Route::Done);
-                }
-            };
-            let previous = engine.metrics.set_enabled(on);
-            if previous != on {
-                eprintln!(
-                    "<6>metrics: stage timings {} (POST /admin/metrics on core {})",
-                    if on { "on" } else { "off" },
-                    app.ctx.core
-                );
-            }
-            http::write_json(
-                stream,
-                200,
-                &serde_json::json!({ "enabled": on, "previous": previous }),
-            )
-            .await?;
             Ok(Route::Done)
         }
         (_, path) if super::events::owns(path) => {

@@ -294,8 +294,7 @@ async fn create(
         .await;
     }
     let timeout = Duration::from_millis(cfg.listen.head_timeout_ms);
-    let body = http::deadline(timeout, http::read_body(stream, head, buf, limits)).await?;
-    let req: CreateRequest = match serde_json::from_slice(body) {
+    let req: CreateRequest = match http::read_json(stream, head, buf, limits, timeout).await? {
         Ok(r) => r,
         Err(e) => return http::write_error(stream, 400, &format!("bad JSON body: {e}")).await,
     };

@@ -139,11 +139,11 @@ async fn place(
     let shared = app.shared.clone();
     let cfg = &shared.config;
     let timeout = Duration::from_millis(cfg.listen.head_timeout_ms);
-    let body = http::deadline(timeout, http::read_body(stream, head, buf, limits)).await?;
+    let body = http::read_json::<PlaceBody, _>(stream, head, buf, limits, timeout).await?;
     let Some(wire) = current_wire() else {
         return http::write_error(stream, 503, "SIP is disabled (config key `sip.enabled`)").await;
     };
-    let req: PlaceBody = match serde_json::from_slice(body) {
+    let req = match body {
         Ok(r) => r,
         Err(e) => return http::write_error(stream, 400, &format!("bad JSON body: {e}")).await,
     };

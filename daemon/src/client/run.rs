@@ -300,10 +300,7 @@ fn stream(
     // the session's metadata and closes. The loop ends on that close, or on
     // the idle timeout with a server that does not know the message.
     if !state.done() {
-        match conn.send_message(vec![
-            crate::transport::ws_chat::kind::CONTROL,
-            crate::transport::ws_chat::control::END_OF_INPUT,
-        ]) {
+        match conn.send_message(crate::protocol::END_OF_INPUT_MESSAGE.to_vec()) {
             Ok(()) | Err(ClientError::Disconnected) => {}
             Err(e) => return Err(e),
         }

@@ -1,5 +1,6 @@
 //! Reading a request: the head (request line + headers) with [`read_head`],
-//! then an optional `Content-Length` body with [`read_body`].
+//! then an optional `Content-Length` body with [`read_body`], or a JSON
+//! body with [`read_json`].
 //!
 //! Invariants:
 //! - `read_head` never holds more than `max_head_bytes` in the buffer, and
@@ -269,6 +270,26 @@ where
         Ok(result) => result,
         Err(_) => Err(HttpError::Timeout),
     }
+}
+
+/// Reads a request's `Content-Length` body (as [`read_body`], within
+/// `timeout`) and parses it as JSON: the one way the control API reads a
+/// JSON body. `Ok(Err(e))`: the body was read but is not a `T` (the
+/// caller answers 400, naming `e`); `Err`: the request failed (answer it
+/// with [`super::respond_error`]).
+pub async fn read_json<T, S>(
+    stream: &mut S,
+    head: &RequestHead,
+    buf: &mut Vec<u8>,
+    limits: &HeadLimits,
+    timeout: Duration,
+) -> Result<Result<T, serde_json::Error>, HttpError>
+where
+    T: serde::de::DeserializeOwned,
+    S: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    let body = deadline(timeout, read_body(stream, head, buf, limits)).await?;
+    Ok(serde_json::from_slice(body))
 }
 
 impl RequestHead {

@@ -74,7 +74,7 @@ pub mod url;
 pub use async_tungstenite::tungstenite::protocol::WebSocketConfig;
 pub use async_tungstenite::WebSocketStream;
 pub use error::HttpError;
-pub use head::{deadline, read_body, read_head, HeadLimits, RequestHead};
+pub use head::{deadline, read_body, read_head, read_json, HeadLimits, RequestHead};
 pub use query::{parse_query, parse_query_limited, percent_decode, MAX_QUERY_PARAMS};
 pub use response::{
     close_gracefully, reason_phrase, respond_error, write_error, write_json, write_response,

@@ -373,9 +373,17 @@ mod tests {
         let d = t.path().join("demo");
         moshid_model::demo::write_demo(&d, 3).unwrap();
         let dir = CheckpointDir::open(&d).unwrap();
-        let (slots, p) = cpu(&Config::default(), &dir).unwrap();
+        // The speed check's verdict depends on how busy this machine is
+        // (a measurement); what the test holds is the memory verdict and the
+        // demo's work, which are not.
+        let mut config = Config::default();
+        config.model.allow_slow = true;
+        let (slots, p) = cpu(&config, &dir).unwrap();
         assert_eq!(slots, CPU_DEFAULT_SLOTS);
-        assert!(p.step_ms() < 10.0, "{}", p.explain());
+        // Real-time with room to spare even on a slow machine: its LM weights
+        // read at 1 GB/s take under a tenth of a frame.
+        let slow = speed::predict(p.work, 1e9, 0.0);
+        assert!(slow.step_ms() < frame_ms(&dir) / 10.0, "{}", slow.explain());
     }
 
     /// A header-only 0.9 G-parameter Moshi-shaped folder (3.5 GB in float32;

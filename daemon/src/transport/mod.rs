@@ -6,6 +6,7 @@ pub mod link;
 pub mod media_streams;
 pub mod realtime;
 pub mod rtp;
+pub mod session;
 pub mod sip;
 pub mod ws_chat;
 pub mod ws_out;

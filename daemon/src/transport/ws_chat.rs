@@ -46,8 +46,10 @@ use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
+use crate::protocol::{kind, parse_client_message, ClientMessage};
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::session::{self, ws_end_reason, Admitted};
 use crate::transport::ws_out::{self, PushError, WsOut};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -58,56 +60,6 @@ use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt, StreamExt};
 use futures_util::SinkExt;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-
-/// Message kinds of the protocol.
-pub mod kind {
-    /// Sent by the server when the session is ready.
-    pub const HANDSHAKE: u8 = 0x00;
-    /// Ogg Opus bytes.
-    pub const AUDIO: u8 = 0x01;
-    /// A UTF-8 text piece.
-    pub const TEXT: u8 = 0x02;
-    /// Control.
-    pub const CONTROL: u8 = 0x03;
-    /// JSON metadata.
-    pub const METADATA: u8 = 0x04;
-    /// A UTF-8 error message; the server closes after it.
-    pub const ERROR: u8 = 0x05;
-    /// Ping.
-    pub const PING: u8 = 0x06;
-}
-
-/// What one binary client message asks of the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientMessage<'a> {
-    /// Ogg Opus bytes (kind `0x01`), any split of the stream's pages.
-    Audio(&'a [u8]),
-    /// `0x03 0x01`: the client's input is finished; the server answers the
-    /// frames in flight, sends the session's metadata and closes.
-    EndOfInput,
-    /// A kind the server accepts and ignores: handshake echoes, text,
-    /// control, metadata, ping and unknown kinds.
-    Ignored(u8),
-    /// An empty message: a protocol error.
-    Empty,
-}
-
-/// Classifies one binary client message by its first byte (pure: the
-/// session acts on the result; fuzzed in `fuzz/`).
-pub fn parse_client_message(data: &[u8]) -> ClientMessage<'_> {
-    match data.split_first() {
-        None => ClientMessage::Empty,
-        Some((&kind::AUDIO, payload)) => ClientMessage::Audio(payload),
-        Some((&kind::CONTROL, [control::END_OF_INPUT, ..])) => ClientMessage::EndOfInput,
-        Some((&k, _)) => ClientMessage::Ignored(k),
-    }
-}
-
-/// Control messages (kind `0x03`, first payload byte).
-pub mod control {
-    /// The client has sent all its audio (Kyutai's "end turn" position).
-    pub const END_OF_INPUT: u8 = 0x01;
-}
 
 /// How long a session waits for the engine to answer a frame before it
 /// gives up on it (the engine ticks every 80 ms; this is many ticks).
@@ -215,9 +167,13 @@ where
             return rec;
         }
     };
-    // One mailbox record per frame in flight, plus one for an open fault.
-    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
-        Ok(t) => t,
+    let admitted = session::admit(&app, &mut rec, params, None, SessionState::Active, webhook);
+    let Admitted {
+        ticket,
+        mailbox,
+        events,
+    } = match admitted {
+        Ok(a) => a,
         Err(refusal) => {
             rec.end(EndReason::Refused(refusal.to_string()));
             refuse(&mut ws, &refusal.to_string()).await;
@@ -225,10 +181,6 @@ where
             return rec;
         }
     };
-    rec.slot = Some(ticket.slot);
-    let events = shared
-        .events
-        .open(&rec, None, app.ctx.core, SessionState::Active, webhook);
     let mut s = ChatSession {
         ws,
         app,
@@ -312,7 +264,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                 Event::Outputs => {}
                 Event::IdleTimeout => return EndReason::IdleTimeout,
                 Event::Incoming(None) => return EndReason::ClientClosed,
-                Event::Incoming(Some(Err(e))) => return classify_ws_error(e),
+                Event::Incoming(Some(Err(e))) => return ws_end_reason(e),
                 Event::Incoming(Some(Ok(msg))) => {
                     if let Some(reason) = self.on_message(msg).await {
                         return reason;
@@ -709,25 +661,4 @@ async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(
             reason: reason.label().into(),
         }))
         .await;
-}
-
-fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
-    use async_tungstenite::tungstenite::Error;
-    match e {
-        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
-        Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
-            _ => EndReason::ProtocolError(format!("connection error: {io}")),
-        },
-        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
-        Error::Protocol(p) => match p {
-            async_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake => {
-                EndReason::ClientClosed
-            }
-            other => EndReason::ProtocolError(format!("WebSocket protocol: {other}")),
-        },
-        other => EndReason::ProtocolError(other.to_string()),
-    }
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
+use moshid::protocol::{kind, END_OF_INPUT_MESSAGE};
 use tungstenite::{Bytes, Message};
 
 use crate::audio::{EncodedAudio, StreamWriter};
@@ -165,7 +166,7 @@ fn session(
                 break;
             }
             if plan.ending == Ending::EndOfInput && !end_sent {
-                match ws.send(Message::Binary(Bytes::from_static(&[0x03, 0x01]))) {
+                match ws.send(Message::Binary(Bytes::from_static(&END_OF_INPUT_MESSAGE))) {
                     Ok(()) => {}
                     Err(e) if would_block(&e) => unflushed = true,
                     Err(e) => return Err(anyhow!("sending end of input: {e}")),
@@ -208,7 +209,7 @@ fn session(
                 Ok(Message::Binary(data)) => {
                     let arrival = ms(Instant::now());
                     match data.first() {
-                        Some(0x01) => {
+                        Some(&kind::AUDIO) => {
                             let mut samples = 0;
                             decoder.push_bytes(&data[1..])?;
                             while let Some(pcm) = decoder.next_pcm()? {
@@ -228,14 +229,14 @@ fn session(
                                 }
                             }
                         }
-                        Some(0x04) => {
+                        Some(&kind::METADATA) => {
                             let v: serde_json::Value =
                                 serde_json::from_slice(&data[1..]).unwrap_or_default();
                             out.end_reason = v["session"]["end_reason"]["kind"]
                                 .as_str()
                                 .map(String::from);
                         }
-                        Some(0x05) => {
+                        Some(&kind::ERROR) => {
                             return Err(anyhow!(
                                 "server error: {}",
                                 String::from_utf8_lossy(&data[1..])

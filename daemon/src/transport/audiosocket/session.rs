@@ -40,23 +40,18 @@ use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME};
-use crate::transport::link::EngineLink;
+use crate::transport::session::{self, io_end_reason, Core, DtmfLog, Transport};
 use crate::FRAME_SAMPLES;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
-use glommio::timer::Timer;
 use moshid_telephony::audiosocket::{
     self as protocol, error_code, kind, Frame, FrameError, HEADER_BYTES,
 };
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Longest the loop sleeps without a deadline (shutdown, session length).
-const HOUSEKEEPING: Duration = Duration::from_millis(500);
 /// How long the closing connection drains what Asterisk still sends.
 const CLOSE_LINGER: Duration = Duration::from_millis(500);
-/// DTMF digits kept for the end-of-call log line.
-const DTMF_LOG_DIGITS: usize = 32;
 
 /// The connection's bytes and buffers.
 struct Io {
@@ -82,7 +77,7 @@ impl Io {
         self.stream
             .write_all(&self.tx[..n])
             .await
-            .map_err(classify_io)
+            .map_err(io_end_reason)
     }
 }
 
@@ -100,32 +95,59 @@ struct CallStats {
     audio_messages: u64,
     packets_out: u64,
     silence_out: u64,
-    dtmf: u64,
-    dtmf_digits: [u8; DTMF_LOG_DIGITS],
+    dtmf: DtmfLog,
     peer_error: Option<Option<u8>>,
 }
 
+/// The call's line for audio of `kind` at `rate_hz`: made at the first
+/// audio message (its packet queue holding `cap` packets), the same one
+/// afterwards; audio of another kind ends the call (and the code to send).
+fn line_for(
+    line: &mut Option<Line>,
+    kind: u8,
+    rate_hz: u32,
+    cap: usize,
+) -> Result<&mut Line, (EndReason, u8)> {
+    if let Some(l) = line.as_ref().filter(|l| l.kind != kind) {
+        let why = format!(
+            "audio kind changed from {:#04x} ({} Hz) to {kind:#04x} ({rate_hz} Hz)",
+            l.kind, l.rate_hz
+        );
+        return Err((EndReason::ProtocolError(why), error_code::FORMAT_CHANGED));
+    }
+    if line.is_none() {
+        let (input, output) = LineIn::new(LineCodec::SlinLe, rate_hz)
+            .and_then(|input| Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?)))
+            .map_err(|e| {
+                let why = format!("audio path for {rate_hz} Hz: {e}");
+                (EndReason::SendFailed(why), error_code::INTERNAL)
+            })?;
+        *line = Some(Line {
+            kind,
+            rate_hz,
+            input,
+            output,
+        });
+    }
+    Ok(line.as_mut().expect("made above"))
+}
+
+/// One call's own side of the shared session loop ([`session::run`]).
 struct Call {
     io: Io,
-    link: EngineLink,
-    rec: SessionRecord,
+    peer: SocketAddr,
     uuid: [u8; 16],
+    max_payload: usize,
     line: Option<Line>,
+    /// Whether the input side can go on.
+    input: Input,
     /// Bytes of the audio message at `io.start` already taken.
     audio_taken: usize,
     frame: Box<[f32; FRAME_SAMPLES]>,
     pacer: Pacer,
-    timer: Timer,
-    last_rx: Instant,
     stats: CallStats,
     /// The code sent with `0xff` when the call ends with an error of ours.
     error_code: Option<u8>,
-}
-
-enum Wake {
-    Read(std::io::Result<usize>),
-    Engine,
-    Timer,
 }
 
 /// Whether the input side can go on.
@@ -197,37 +219,35 @@ pub async fn run(
             return finish_early(io, rec, Some(error_code::BAD_PARAMETERS), peer).await;
         }
     };
-    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
-        Ok(t) => t,
+    let admitted = session::admit(
+        &app,
+        &mut rec,
+        params,
+        Some(protocol::uuid_text(&uuid)),
+        SessionState::Active,
+        crate::events::webhook::default_for(cfg),
+    );
+    let admitted = match admitted {
+        Ok(a) => a,
         Err(refusal) => {
             rec.end(EndReason::Refused(refusal.to_string()));
             return finish_early(io, rec, Some(error_code::REFUSED), peer).await;
         }
     };
-    rec.slot = Some(ticket.slot);
-    let events = shared.events.open(
-        &rec,
-        Some(protocol::uuid_text(&uuid)),
-        app.ctx.core,
-        SessionState::Active,
-        crate::events::webhook::default_for(cfg),
-    );
-    let mut call = Call {
+    let call = Call {
         io,
-        link: EngineLink::new(app, ticket, mailbox, events),
-        rec,
+        peer,
         uuid,
+        max_payload,
         line: None,
+        input: Input::NeedMore,
         audio_taken: 0,
         frame: Box::new([0.0; FRAME_SAMPLES]),
         pacer: Pacer::default(),
-        timer: Timer::new(HOUSEKEEPING),
-        last_rx: Instant::now(),
         stats: CallStats::default(),
         error_code: None,
     };
-    let reason = call.serve().await;
-    call.finish(reason, peer).await
+    session::run(call, Core::new(app, admitted, rec)).await
 }
 
 /// Reads until the first message: `Some(uuid)`, `None` when Asterisk hung
@@ -258,7 +278,7 @@ async fn await_uuid(
         match io.stream.read(&mut io.rx[end..]).await {
             Ok(0) => return Ok(None),
             Ok(n) => io.end += n,
-            Err(e) => return Err((classify_io(e), None)),
+            Err(e) => return Err((io_end_reason(e), None)),
         }
     }
 }
@@ -291,114 +311,72 @@ async fn finish_early(
     rec
 }
 
-impl Call {
-    async fn serve(&mut self) -> EndReason {
-        let cfg = &self.link.app.shared.config;
-        let idle = Duration::from_millis(cfg.session.idle_timeout_ms);
-        let max_secs = cfg.session.max_session_seconds;
-        let max_payload = cfg.audiosocket.max_payload_bytes;
-        // Messages already read behind the UUID.
-        let mut input = match self.take_input(max_payload, Instant::now()) {
-            Ok(i) => i,
-            Err(reason) => return reason,
-        };
-        loop {
-            let now = Instant::now();
-            match self
-                .link
-                .pump(self.line.as_mut().map(|l| &mut l.output), &mut self.rec)
-            {
-                Ok(0) => {}
-                Ok(_) => {
-                    // Answers make room: blocked audio may go on.
-                    input = match self.take_input(max_payload, now) {
-                        Ok(i) => i,
-                        Err(reason) => return reason,
-                    };
-                }
-                Err(reason) => return reason,
+impl Transport for Call {
+    type Input = std::io::Result<usize>;
+
+    async fn read(&mut self) -> std::io::Result<usize> {
+        let Io {
+            stream, rx, end, ..
+        } = &mut self.io;
+        stream.read(&mut rx[*end..]).await
+    }
+
+    fn ready_to_read(&mut self) -> bool {
+        let can_read = matches!(self.input, Input::NeedMore);
+        if can_read {
+            self.io.compact();
+        }
+        can_read
+    }
+
+    async fn on_input(
+        &mut self,
+        core: &mut Core,
+        read: std::io::Result<usize>,
+    ) -> Result<(), EndReason> {
+        match read {
+            Ok(0) => Err(EndReason::ClientClosed),
+            Ok(n) => {
+                self.io.end += n;
+                self.take_waiting(core)
             }
-            if let Err(reason) = self.send_due(now).await {
-                return reason;
-            }
-            if matches!(input, Input::Blocked) {
-                // Sent packets make room too.
-                input = match self.take_input(max_payload, now) {
-                    Ok(i) => i,
-                    Err(reason) => return reason,
-                };
-            }
-            if self.link.mailbox.shutdown_requested() {
-                return EndReason::ServerShutdown;
-            }
-            if max_secs > 0 && self.rec.elapsed_secs() > max_secs as f64 {
-                return EndReason::MaxDuration;
-            }
-            let now = Instant::now();
-            if now.duration_since(self.last_rx) >= idle {
-                self.error_code = Some(error_code::IDLE_TIMEOUT);
-                return EndReason::IdleTimeout;
-            }
-            if self.link.stall_deadline().is_some_and(|d| now >= d) {
-                self.error_code = Some(error_code::ENGINE_STALLED);
-                return EndReason::EngineStalled;
-            }
-            let mut wake_at = (now + HOUSEKEEPING).min(self.last_rx + idle);
-            if let Some(d) = self.pacer.next_deadline() {
-                wake_at = wake_at.min(d);
-            }
-            if let Some(d) = self.link.stall_deadline() {
-                wake_at = wake_at.min(d);
-            }
-            self.timer.reset(wake_at.saturating_duration_since(now));
-            let can_read = matches!(input, Input::NeedMore);
-            if can_read {
-                self.io.compact();
-            }
-            let wake = {
-                let Io {
-                    stream, rx, end, ..
-                } = &mut self.io;
-                let timer = &mut self.timer;
-                let mailbox = &self.link.mailbox;
-                let read = async {
-                    if can_read {
-                        Wake::Read(stream.read(&mut rx[*end..]).await)
-                    } else {
-                        futures_lite::future::pending::<Wake>().await
-                    }
-                };
-                let engine = async {
-                    mailbox.ready().await;
-                    Wake::Engine
-                };
-                let tick = async {
-                    timer.await;
-                    Wake::Timer
-                };
-                futures_lite::future::or(read, futures_lite::future::or(engine, tick)).await
-            };
-            match wake {
-                Wake::Engine | Wake::Timer => {}
-                Wake::Read(Ok(0)) => return EndReason::ClientClosed,
-                Wake::Read(Ok(n)) => {
-                    self.io.end += n;
-                    self.last_rx = Instant::now();
-                    input = match self.take_input(max_payload, self.last_rx) {
-                        Ok(i) => i,
-                        Err(reason) => return reason,
-                    };
-                }
-                Wake::Read(Err(e)) => return classify_io(e),
-            }
+            Err(e) => Err(io_end_reason(e)),
         }
     }
 
+    fn take_waiting(&mut self, core: &mut Core) -> Result<(), EndReason> {
+        self.input = self.take_input(core)?;
+        Ok(())
+    }
+
+    fn output(&mut self) -> Option<&mut LineOut> {
+        self.line.as_mut().map(|l| &mut l.output)
+    }
+
+    async fn send_due(&mut self, core: &mut Core, now: Instant) -> Result<(), EndReason> {
+        self.send_packets(core, now).await
+    }
+
+    fn next_send(&self) -> Option<Instant> {
+        self.pacer.next_deadline()
+    }
+
+    async fn goodbye(&mut self, _core: &Core, reason: &EndReason) {
+        self.say_goodbye(reason).await
+    }
+
+    async fn close(self, rec: &SessionRecord, reason: &EndReason) {
+        self.log_end(rec, reason);
+        crate::http::close_gracefully(self.io.stream, CLOSE_LINGER).await;
+    }
+}
+
+impl Call {
     /// Handles every complete message buffered, as far as the engine's
     /// budget allows; `Err` ends the call.
-    fn take_input(&mut self, max_payload: usize, now: Instant) -> Result<Input, EndReason> {
+    fn take_input(&mut self, core: &mut Core) -> Result<Input, EndReason> {
         loop {
-            let parsed = protocol::parse(&self.io.rx[self.io.start..self.io.end], max_payload);
+            let parsed = protocol::parse(&self.io.rx[self.io.start..self.io.end], self.max_payload);
             let (frame, used) = match parsed {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(Input::NeedMore),
@@ -417,67 +395,31 @@ impl Call {
                     self.error_code = Some(error_code::UUID_FIRST);
                     return Err(EndReason::ProtocolError("a second UUID message".into()));
                 }
-                Frame::Dtmf(digit) => {
-                    if let Some(events) = self.link.events() {
-                        events.dtmf(digit, 0);
-                    }
-                    let i = self.stats.dtmf as usize;
-                    if i < DTMF_LOG_DIGITS {
-                        self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
-                            digit
-                        } else {
-                            b'?'
-                        };
-                    }
-                    self.stats.dtmf += 1;
-                }
+                Frame::Dtmf(digit) => self.stats.dtmf.record(core, digit),
                 Frame::Audio {
                     kind,
                     rate_hz,
                     payload,
                 } => {
-                    let line = match &mut self.line {
-                        Some(line) if line.kind == kind => line,
-                        Some(line) => {
-                            self.error_code = Some(error_code::FORMAT_CHANGED);
-                            return Err(EndReason::ProtocolError(format!(
-                                "audio kind changed from {:#04x} ({} Hz) to {kind:#04x} ({rate_hz} Hz)",
-                                line.kind, line.rate_hz
-                            )));
-                        }
-                        None => {
-                            let cap = (self.link.app.shared.config.session.max_frames_in_flight
-                                + 2)
-                                * PACKETS_PER_FRAME;
-                            let built = LineIn::new(LineCodec::SlinLe, rate_hz).and_then(|input| {
-                                Ok((input, LineOut::new(LineCodec::SlinLe, rate_hz, cap)?))
-                            });
-                            let (input, output) = match built {
-                                Ok(b) => b,
-                                Err(e) => {
-                                    self.error_code = Some(error_code::INTERNAL);
-                                    return Err(EndReason::SendFailed(format!(
-                                        "audio path for {rate_hz} Hz: {e}"
-                                    )));
-                                }
-                            };
-                            self.io.tx = vec![0; HEADER_BYTES + output.packet_bytes()];
-                            self.pacer.start(now);
-                            self.line.insert(Line {
-                                kind,
-                                rate_hz,
-                                input,
-                                output,
-                            })
-                        }
-                    };
+                    let first = self.line.is_none();
+                    let cap = (core.link.app.shared.config.session.max_frames_in_flight + 2)
+                        * PACKETS_PER_FRAME;
+                    let line =
+                        line_for(&mut self.line, kind, rate_hz, cap).map_err(|(r, code)| {
+                            self.error_code = Some(code);
+                            r
+                        })?;
+                    if first {
+                        self.io.tx = vec![0; HEADER_BYTES + line.output.packet_bytes()];
+                        self.pacer.start(core.last_rx);
+                    }
                     let rest = &payload[self.audio_taken..];
-                    let budget = self.link.budget(Some(&line.output));
-                    let link = &mut self.link;
-                    let rec = &mut self.rec;
+                    let budget = core.link.budget(Some(&line.output));
+                    let link = &mut core.link;
+                    let rec = &mut core.rec;
                     // The frames this message completes were complete when
                     // it was read (also when they wait here for answers).
-                    let arrived = self.last_rx;
+                    let arrived = core.last_rx;
                     let t = link.app.ctx.metrics_on().then(Instant::now);
                     let taken = line.input.push(rest, budget, &mut self.frame, |f| {
                         link.send(f, arrived, rec)
@@ -499,7 +441,7 @@ impl Call {
     }
 
     /// Sends the packets due now (the model's audio, else silence).
-    async fn send_due(&mut self, now: Instant) -> Result<(), EndReason> {
+    async fn send_packets(&mut self, core: &Core, now: Instant) -> Result<(), EndReason> {
         let Some(line) = self.line.as_mut() else {
             return Ok(());
         };
@@ -519,53 +461,57 @@ impl Call {
                     self.stats.silence_out += 1;
                 }
             }
-            let t = self.link.app.ctx.metrics_on().then(Instant::now);
+            let ctx = &core.link.app.ctx;
+            let t = ctx.metrics_on().then(Instant::now);
             self.io.write_tx(HEADER_BYTES + n).await?;
             if let Some(t) = t {
-                self.link.app.ctx.stages.record(Stage::Send, t.elapsed());
+                ctx.stages.record(Stage::Send, t.elapsed());
             }
             self.stats.packets_out += 1;
         }
         Ok(())
     }
+}
 
-    /// Releases the slot, tells Asterisk how the call ended, logs it.
-    async fn finish(mut self, reason: EndReason, peer: SocketAddr) -> SessionRecord {
-        self.link.release();
-        let reason_code = match &reason {
+impl Call {
+    /// The code sent with `0xff` for a call ending for `reason`: the error
+    /// of ours that ended it, else the one its reason has, if any.
+    fn end_code(&self, reason: &EndReason) -> Option<u8> {
+        let reason_code = match reason {
             EndReason::IdleTimeout => Some(error_code::IDLE_TIMEOUT),
             EndReason::ModelFault => Some(error_code::MODEL_FAULT),
             EndReason::EngineStalled => Some(error_code::ENGINE_STALLED),
             _ => None,
         };
-        let code = self.error_code.or(reason_code);
-        self.rec.end(reason);
-        self.link.finish_events(&self.rec);
-        let reason = self.rec.end_reason.clone().expect("set just above");
+        self.error_code.or(reason_code)
+    }
+
+    /// Tells Asterisk how the call ended: an error message with its code,
+    /// or a hangup for our own ends (shutdown, session length); nothing to
+    /// a peer that is gone, and no write to one that stopped reading.
+    async fn say_goodbye(&mut self, reason: &EndReason) {
+        let code = self.end_code(reason);
         let peer_gone = matches!(
             reason,
             EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
         );
-        if !peer_gone || code.is_some() {
-            let n = match code {
-                Some(code) => {
-                    self.io.tx.clear();
-                    self.io.tx.extend_from_slice(&[kind::ERROR, 0, 1, code]);
-                    4
-                }
-                // Our own ends (shutdown, session length): a hangup.
-                None => {
-                    self.io.tx.clear();
-                    self.io.tx.extend_from_slice(&[kind::HANGUP, 0, 0]);
-                    3
-                }
-            };
-            if !matches!(reason, EndReason::SlowConsumer) {
-                let _ = self.io.write_tx(n).await;
-            }
+        if peer_gone && code.is_none() {
+            return;
         }
-        self.rec.log();
-        let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
+        self.io.tx.clear();
+        match code {
+            Some(code) => self.io.tx.extend_from_slice(&[kind::ERROR, 0, 1, code]),
+            None => self.io.tx.extend_from_slice(&[kind::HANGUP, 0, 0]),
+        }
+        if !matches!(reason, EndReason::SlowConsumer) {
+            let n = self.io.tx.len();
+            let _ = self.io.write_tx(n).await;
+        }
+    }
+
+    /// The end-of-call log line.
+    fn log_end(&self, rec: &SessionRecord, reason: &EndReason) {
+        let code = self.end_code(reason);
         let (rate, kind) = self.line.as_ref().map_or((0, 0), |l| (l.rate_hz, l.kind));
         let out = self
             .line
@@ -573,16 +519,17 @@ impl Call {
             .map(|l| l.output.stats())
             .unwrap_or_default();
         eprintln!(
-            "<6>audiosocket call end id={} peer={peer} uuid={} kind={kind:#04x} rate_hz={rate} audio_in={} packets_out={} silence_out={} skipped_out={} dropped_out={} dtmf={} digits={:?} peer_error={} reason={} error_code={}",
-            self.rec.id,
+            "<6>audiosocket call end id={} peer={} uuid={} kind={kind:#04x} rate_hz={rate} audio_in={} packets_out={} silence_out={} skipped_out={} dropped_out={} dtmf={} digits={:?} peer_error={} reason={} error_code={}",
+            rec.id,
+            self.peer,
             protocol::uuid_text(&self.uuid),
             self.stats.audio_messages,
             self.stats.packets_out,
             self.stats.silence_out,
             self.pacer.skipped(),
             out.dropped,
-            self.stats.dtmf,
-            String::from_utf8_lossy(digits),
+            self.stats.dtmf.count(),
+            self.stats.dtmf.digits(),
             match self.stats.peer_error {
                 None => "-".to_string(),
                 Some(None) => "none".to_string(),
@@ -591,20 +538,5 @@ impl Call {
             reason.label(),
             code.map_or("-".to_string(), |c| format!("{c:#04x}")),
         );
-        crate::http::close_gracefully(self.io.stream, CLOSE_LINGER).await;
-        self.rec
-    }
-}
-
-/// An I/O error as an end reason.
-fn classify_io(e: std::io::Error) -> EndReason {
-    use std::io::ErrorKind;
-    match e.kind() {
-        ErrorKind::TimedOut => EndReason::SlowConsumer,
-        ErrorKind::ConnectionReset
-        | ErrorKind::BrokenPipe
-        | ErrorKind::UnexpectedEof
-        | ErrorKind::ConnectionAborted => EndReason::ClientClosed,
-        _ => EndReason::SendFailed(e.to_string()),
     }
 }

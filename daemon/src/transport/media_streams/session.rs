@@ -48,7 +48,7 @@ use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::line::{LineCodec, LineIn, LineOut, Pacer, PACKETS_PER_FRAME, PACKET_MS};
-use crate::transport::link::EngineLink;
+use crate::transport::session::{self, ws_end_reason, Core, DtmfLog, Transport};
 use crate::FRAME_SAMPLES;
 use async_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use async_tungstenite::tungstenite::protocol::CloseFrame;
@@ -57,18 +57,13 @@ use async_tungstenite::WebSocketStream;
 use base64::Engine;
 use bytes::BytesMut;
 use futures_lite::StreamExt;
-use glommio::timer::Timer;
 use moshid_telephony::g711::Law;
 use moshid_telephony::media_streams::{self as events, BASE64};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Longest the loop sleeps without a deadline.
-const HOUSEKEEPING: Duration = Duration::from_millis(500);
 /// Capacity kept in the outgoing message buffer.
 const OUT_BUFFER_BYTES: usize = 4096;
-/// DTMF digits kept for the end-of-stream log line.
-const DTMF_LOG_DIGITS: usize = 32;
 
 type Ws = WebSocketStream<Conn>;
 
@@ -91,14 +86,12 @@ struct StreamStats {
     marks: u64,
     clears: u64,
     cleared_packets: u64,
-    dtmf: u64,
-    dtmf_digits: [u8; DTMF_LOG_DIGITS],
+    dtmf: DtmfLog,
 }
 
+/// One stream's own side of the shared session loop ([`session::run`]).
 struct Stream {
     ws: Ws,
-    link: EngineLink,
-    rec: SessionRecord,
     sid: String,
     input: LineIn,
     output: LineOut,
@@ -113,15 +106,7 @@ struct Stream {
     seq: u64,
     chunk: u64,
     pacer: Pacer,
-    timer: Timer,
-    last_rx: Instant,
     stats: StreamStats,
-}
-
-enum Wake {
-    Message(Option<Result<Message, async_tungstenite::tungstenite::Error>>),
-    Engine,
-    Timer,
 }
 
 /// What the first phase found.
@@ -185,28 +170,26 @@ pub async fn run(
             return finish_early(ws, rec, Some(&started.sid), &app).await;
         }
     };
-    let (ticket, mailbox) = match app.ctx.admit(params, cfg.session.max_frames_in_flight + 1) {
-        Ok(t) => t,
+    let admitted = session::admit(
+        &app,
+        &mut rec,
+        params,
+        Some(started.sid.clone()),
+        SessionState::Active,
+        webhook,
+    );
+    let admitted = match admitted {
+        Ok(a) => a,
         Err(refusal) => {
             rec.end(EndReason::Refused(refusal.to_string()));
             return finish_early(ws, rec, Some(&started.sid), &app).await;
         }
     };
-    rec.slot = Some(ticket.slot);
     let max_marks = cfg.media_streams.max_pending_marks;
     // Largest decoded payload a message within the size limit can carry.
     let max_payload = cfg.session.max_message_bytes / 4 * 3 + 3;
-    let events = shared.events.open(
-        &rec,
-        Some(started.sid.clone()),
-        app.ctx.core,
-        SessionState::Active,
-        webhook,
-    );
     let mut s = Stream {
         ws,
-        link: EngineLink::new(app, ticket, mailbox, events),
-        rec,
         sid: started.sid,
         input,
         output,
@@ -220,13 +203,10 @@ pub async fn run(
         seq: 0,
         chunk: 0,
         pacer: Pacer::default(),
-        timer: Timer::new(HOUSEKEEPING),
-        last_rx: Instant::now(),
         stats: StreamStats::default(),
     };
     s.pacer.start(Instant::now());
-    let reason = s.serve(idle).await;
-    s.finish(reason).await
+    session::run(s, Core::new(app, admitted, rec)).await
 }
 
 /// Reads events until `start`.
@@ -239,7 +219,7 @@ async fn await_start(
         let msg = match glommio::timer::timeout(idle, async { Ok(ws.next().await) }).await {
             Err(_) => return Err(EndReason::IdleTimeout),
             Ok(None) => return Err(EndReason::ClientClosed),
-            Ok(Some(Err(e))) => return Err(classify_ws_error(e)),
+            Ok(Some(Err(e))) => return Err(ws_end_reason(e)),
             Ok(Some(Ok(m))) => m,
         };
         let text = match msg {
@@ -325,98 +305,85 @@ fn clip(s: &str) -> &str {
     }
 }
 
-impl Stream {
-    async fn serve(&mut self, idle: Duration) -> EndReason {
-        let max_secs = self.link.app.shared.config.session.max_session_seconds;
-        loop {
-            let now = Instant::now();
-            if self.output.is_empty() {
-                // Nothing to pace: the next packet may go at once.
-                self.pacer.rest(now);
-            }
-            match self.link.pump(Some(&mut self.output), &mut self.rec) {
-                Ok(0) => {}
-                Ok(_) => {
-                    self.place_marks();
-                    if let Err(reason) = self.take_pending() {
-                        return reason;
-                    }
-                }
-                Err(reason) => return reason,
-            }
-            if let Err(reason) = self.send_due(now).await {
-                return reason;
-            }
-            if let Err(reason) = self.echo_marks().await {
-                return reason;
-            }
-            // Sent packets make room too.
-            if let Err(reason) = self.take_pending() {
-                return reason;
-            }
-            if self.link.mailbox.shutdown_requested() {
-                return EndReason::ServerShutdown;
-            }
-            if max_secs > 0 && self.rec.elapsed_secs() > max_secs as f64 {
-                return EndReason::MaxDuration;
-            }
-            let now = Instant::now();
-            if now.duration_since(self.last_rx) >= idle {
-                return EndReason::IdleTimeout;
-            }
-            if self.link.stall_deadline().is_some_and(|d| now >= d) {
-                return EndReason::EngineStalled;
-            }
-            let mut wake_at = (now + HOUSEKEEPING).min(self.last_rx + idle);
-            if let Some(d) = self
-                .pacer
-                .next_deadline()
-                .filter(|_| !self.output.is_empty())
-            {
-                wake_at = wake_at.min(d);
-            }
-            if let Some(d) = self.link.stall_deadline() {
-                wake_at = wake_at.min(d);
-            }
-            self.timer.reset(wake_at.saturating_duration_since(now));
-            let can_read = self.pending_taken == self.pending_len;
-            let wake = {
-                let ws = &mut self.ws;
-                let timer = &mut self.timer;
-                let mailbox = &self.link.mailbox;
-                let read = async {
-                    if can_read {
-                        Wake::Message(ws.next().await)
-                    } else {
-                        futures_lite::future::pending::<Wake>().await
-                    }
-                };
-                let engine = async {
-                    mailbox.ready().await;
-                    Wake::Engine
-                };
-                let tick = async {
-                    timer.await;
-                    Wake::Timer
-                };
-                futures_lite::future::or(read, futures_lite::future::or(engine, tick)).await
-            };
-            match wake {
-                Wake::Engine | Wake::Timer => {}
-                Wake::Message(None) => return EndReason::ClientClosed,
-                Wake::Message(Some(Err(e))) => return classify_ws_error(e),
-                Wake::Message(Some(Ok(msg))) => {
-                    self.last_rx = Instant::now();
-                    if let Err(reason) = self.on_message(msg).await {
-                        return reason;
-                    }
-                }
-            }
+impl Transport for Stream {
+    type Input = Option<Result<Message, async_tungstenite::tungstenite::Error>>;
+
+    async fn read(&mut self) -> Self::Input {
+        self.ws.next().await
+    }
+
+    fn ready_to_read(&mut self) -> bool {
+        self.pending_taken == self.pending_len
+    }
+
+    async fn on_input(&mut self, core: &mut Core, input: Self::Input) -> Result<(), EndReason> {
+        match input {
+            None => Err(EndReason::ClientClosed),
+            Some(Err(e)) => Err(ws_end_reason(e)),
+            Some(Ok(msg)) => self.on_message(core, msg).await,
         }
     }
 
+    fn take_waiting(&mut self, core: &mut Core) -> Result<(), EndReason> {
+        self.take_pending(core)
+    }
+
+    fn output(&mut self) -> Option<&mut LineOut> {
+        Some(&mut self.output)
+    }
+
+    async fn send_due(&mut self, core: &mut Core, now: Instant) -> Result<(), EndReason> {
+        self.send_packets(core, now).await?;
+        self.echo_marks().await
+    }
+
+    fn next_send(&self) -> Option<Instant> {
+        // Nothing is sent while nothing is queued.
+        self.pacer
+            .next_deadline()
+            .filter(|_| !self.output.is_empty())
+    }
+
+    fn prepare(&mut self, now: Instant) {
+        if self.output.is_empty() {
+            // Nothing to pace: the next packet may go at once.
+            self.pacer.rest(now);
+        }
+    }
+
+    fn on_answers(&mut self, core: &mut Core) {
+        self.place_marks(core);
+    }
+
+    async fn goodbye(&mut self, core: &Core, reason: &EndReason) {
+        let limit = Duration::from_millis(core.link.app.shared.config.session.send_timeout_ms);
+        if !matches!(
+            reason,
+            EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
+        ) {
+            let _ = glommio::timer::timeout(limit, async {
+                goodbye(&mut self.ws, Some(&self.sid), reason).await;
+                Ok(())
+            })
+            .await;
+        } else if matches!(reason, EndReason::ClientClosed) {
+            // Complete the closing handshake (or close after `stop`).
+            let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.close(None).await;
+                Ok(())
+            })
+            .await;
+        }
+    }
+
+    async fn close(self, rec: &SessionRecord, reason: &EndReason) {
+        self.log_end(rec, reason);
+    }
+}
+
+impl Stream {
     /// Handles one message after `start`; `Err` ends the stream.
-    async fn on_message(&mut self, msg: Message) -> Result<(), EndReason> {
+    async fn on_message(&mut self, core: &mut Core, msg: Message) -> Result<(), EndReason> {
         let text = match msg {
             Message::Text(t) => t,
             Message::Close(_) => return Err(EndReason::ClientClosed),
@@ -437,7 +404,7 @@ impl Stream {
                     self.stats.other_tracks += 1;
                     return Ok(());
                 }
-                let t = self.link.app.ctx.metrics_on().then(Instant::now);
+                let t = core.link.app.ctx.metrics_on().then(Instant::now);
                 let n = BASE64
                     .decode_slice(media.payload.as_str(), &mut self.pending)
                     .map_err(|e| {
@@ -446,9 +413,9 @@ impl Stream {
                 self.stats.media_in += 1;
                 self.pending_len = n;
                 self.pending_taken = 0;
-                let taken = self.take_pending();
+                let taken = self.take_pending(core);
                 if let Some(t) = t {
-                    self.link.app.ctx.stages.record(Stage::Decode, t.elapsed());
+                    core.link.app.ctx.stages.record(Stage::Decode, t.elapsed());
                 }
                 taken
             }
@@ -464,9 +431,9 @@ impl Stream {
                 let name_json =
                     serde_json::to_string(mark.name.as_str()).expect("a string serializes");
                 self.stats.marks += 1;
-                let after_frames = self.link.sent();
+                let after_frames = core.link.sent();
                 let at_packet =
-                    (self.link.answered() >= after_frames).then(|| self.output.stats().queued);
+                    (core.link.answered() >= after_frames).then(|| self.output.stats().queued);
                 self.marks.push_back(PendingMark {
                     after_frames,
                     at_packet,
@@ -488,18 +455,7 @@ impl Stream {
                     .as_ref()
                     .and_then(|d| d.digit.as_str().bytes().next())
                     .unwrap_or(b'?');
-                if let Some(events) = self.link.events() {
-                    events.dtmf(digit, 0);
-                }
-                let i = self.stats.dtmf as usize;
-                if i < DTMF_LOG_DIGITS {
-                    self.stats.dtmf_digits[i] = if digit.is_ascii_graphic() {
-                        digit
-                    } else {
-                        b'?'
-                    };
-                }
-                self.stats.dtmf += 1;
+                self.stats.dtmf.record(core, digit);
                 Ok(())
             }
             "stop" => Err(EndReason::ClientClosed),
@@ -510,15 +466,15 @@ impl Stream {
     }
 
     /// Feeds the decoded payload to the engine as far as its budget allows.
-    fn take_pending(&mut self) -> Result<(), EndReason> {
+    fn take_pending(&mut self, core: &mut Core) -> Result<(), EndReason> {
         if self.pending_taken == self.pending_len {
             return Ok(());
         }
-        let budget = self.link.budget(Some(&self.output));
-        let link = &mut self.link;
-        let rec = &mut self.rec;
+        let budget = core.link.budget(Some(&self.output));
+        let link = &mut core.link;
+        let rec = &mut core.rec;
         // Complete when the media message that ended them was read.
-        let arrived = self.last_rx;
+        let arrived = core.last_rx;
         let taken = self.input.push(
             &self.pending[self.pending_taken..self.pending_len],
             budget,
@@ -530,8 +486,8 @@ impl Stream {
     }
 
     /// Gives marks waiting for the engine their place in the packet queue.
-    fn place_marks(&mut self) {
-        let answered = self.link.answered();
+    fn place_marks(&mut self, core: &Core) {
+        let answered = core.link.answered();
         let queued = self.output.stats().queued;
         for m in self.marks.iter_mut().filter(|m| m.at_packet.is_none()) {
             if answered >= m.after_frames {
@@ -562,7 +518,7 @@ impl Stream {
     }
 
     /// Sends the packets due now.
-    async fn send_due(&mut self, now: Instant) -> Result<(), EndReason> {
+    async fn send_packets(&mut self, core: &Core, now: Instant) -> Result<(), EndReason> {
         let (send, skip) = self.pacer.due(now);
         self.output.skip(skip as usize);
         self.chunk += skip as u64;
@@ -576,10 +532,11 @@ impl Stream {
             let ts = (self.chunk - 1) * PACKET_MS as u64;
             events::write_media(&mut self.out, self.seq, &self.sid, self.chunk, ts, packet);
             self.output.pop();
-            let t = self.link.app.ctx.metrics_on().then(Instant::now);
+            let ctx = &core.link.app.ctx;
+            let t = ctx.metrics_on().then(Instant::now);
             self.send_out().await?;
             if let Some(t) = t {
-                self.link.app.ctx.stages.record(Stage::Send, t.elapsed());
+                ctx.stages.record(Stage::Send, t.elapsed());
             }
             self.stats.media_out += 1;
             self.echo_marks().await?;
@@ -595,39 +552,15 @@ impl Stream {
         self.ws
             .send(Message::Text(text))
             .await
-            .map_err(classify_ws_error)
+            .map_err(ws_end_reason)
     }
 
-    /// Releases the slot, tells the client how the stream ended, logs it.
-    async fn finish(mut self, reason: EndReason) -> SessionRecord {
-        self.link.release();
-        self.rec.end(reason);
-        self.link.finish_events(&self.rec);
-        let reason = self.rec.end_reason.clone().expect("set just above");
-        let limit = Duration::from_millis(self.link.app.shared.config.session.send_timeout_ms);
-        if !matches!(
-            reason,
-            EndReason::ClientClosed | EndReason::SendFailed(_) | EndReason::SlowConsumer
-        ) {
-            let _ = glommio::timer::timeout(limit, async {
-                goodbye(&mut self.ws, Some(&self.sid), &reason).await;
-                Ok(())
-            })
-            .await;
-        } else if matches!(reason, EndReason::ClientClosed) {
-            // Complete the closing handshake (or close after `stop`).
-            let _ = glommio::timer::timeout(limit, async {
-                let _ = self.ws.close(None).await;
-                Ok(())
-            })
-            .await;
-        }
-        self.rec.log();
+    /// The end-of-stream log line.
+    fn log_end(&self, rec: &SessionRecord, reason: &EndReason) {
         let out = self.output.stats();
-        let digits = &self.stats.dtmf_digits[..(self.stats.dtmf as usize).min(DTMF_LOG_DIGITS)];
         eprintln!(
             "<6>media stream end id={} stream_sid={} media_in={} other_tracks={} media_out={} dropped_out={} skipped_out={} marks={} clears={} cleared_packets={} dtmf={} digits={:?} reason={}",
-            self.rec.id,
+            rec.id,
             self.sid,
             self.stats.media_in,
             self.stats.other_tracks,
@@ -637,11 +570,10 @@ impl Stream {
             self.stats.marks,
             self.stats.clears,
             self.stats.cleared_packets,
-            self.stats.dtmf,
-            String::from_utf8_lossy(digits),
+            self.stats.dtmf.count(),
+            self.stats.dtmf.digits(),
             reason.label(),
         );
-        self.rec
     }
 }
 
@@ -721,23 +653,4 @@ async fn goodbye(ws: &mut Ws, sid: Option<&str>, reason: &EndReason) {
             reason: text[..cut].to_string().into(),
         }))
         .await;
-}
-
-fn classify_ws_error(e: async_tungstenite::tungstenite::Error) -> EndReason {
-    use async_tungstenite::tungstenite::error::ProtocolError;
-    use async_tungstenite::tungstenite::Error;
-    match e {
-        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
-        Error::Io(io) => match io.kind() {
-            std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
-            std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
-            _ => EndReason::ProtocolError(format!("connection error: {io}")),
-        },
-        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
-        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => EndReason::ClientClosed,
-        Error::Protocol(p) => EndReason::ProtocolError(format!("WebSocket protocol: {p}")),
-        other => EndReason::ProtocolError(other.to_string()),
-    }
 }

@@ -20,9 +20,10 @@
 //! parse/write), extended sequence numbers and timestamps, the jitter
 //! buffer and concealment (playout), DTMF, the sender's packets and the
 //! release clock. Files here: [`state`] (what the control API sees, the
-//! registry), [`session`] (the tasks), [`start`] (making a session: shared
+//! registry), [`media`] (a session's audio path), [`session`] (the tasks), [`start`] (making a session: shared
 //! by the control API and the SIP endpoint).
 
+pub mod media;
 pub mod session;
 pub mod start;
 pub mod state;

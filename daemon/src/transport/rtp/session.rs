@@ -22,6 +22,8 @@
 //! is taken; whatever ends the session, its slot is released, its record
 //! logged and its registry entry removed.
 //!
+//! The audio path a session runs on is [`MediaPath`] ([`super::media`]).
+//!
 //! Events: the session's [`EventSink`] (made by the control call, or here
 //! for sessions made another way) gets the latching (`active`), every DTMF
 //! digit and every text piece; its final record is set when the session
@@ -32,6 +34,7 @@
 //! resampling of the model's frame and the payload encoding of its
 //! packets), `send` per packet written to the socket.
 
+use super::media::MediaPath;
 use super::state::{Registry, RtpCounters, RtpEvent, RtpGauges, SessionHandle};
 use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
@@ -40,13 +43,13 @@ use crate::events::{EventSink, SessionState};
 use crate::io::mailbox::Mailbox;
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
-use crate::{FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use crate::{FRAME_MS, FRAME_SAMPLES};
 use glommio::net::UdpSocket;
 use moshid_telephony::rtp::clock::ReleaseClock;
 use moshid_telephony::rtp::dtmf::DtmfDetector;
-use moshid_telephony::rtp::jitter::{JitterBuffer, JitterConfig, PacketKind};
+use moshid_telephony::rtp::jitter::{JitterBuffer, PacketKind};
 use moshid_telephony::rtp::packet;
-use moshid_telephony::rtp::sender::{Outbound, StreamStart};
+use moshid_telephony::rtp::sender::Outbound;
 use moshid_telephony::rtp::SessionSpec;
 use moshid_telephony::FrameResampler;
 use std::cell::RefCell;
@@ -66,56 +69,6 @@ const ENGINE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most packets sent at once when the executor woke late; beyond, packet
 /// times are skipped.
 const MAX_SEND_CATCH_UP: u32 = 3;
-
-/// The session's audio path, made before admission.
-pub struct MediaPath {
-    /// Incoming audio.
-    pub jitter: JitterBuffer,
-    /// Codec rate → 24 kHz.
-    pub res_in: FrameResampler,
-    /// 24 kHz → codec rate.
-    pub res_out: FrameResampler,
-    /// Outgoing packets.
-    pub outbound: Outbound,
-}
-
-impl MediaPath {
-    /// [`MediaPath::new`] with the jitter buffer's bounds from `rtp.*`.
-    pub fn configured(spec: &SessionSpec, rtp: &crate::config::RtpConfig) -> Result<Self, String> {
-        Self::new(spec, rtp.jitter_min_ms, rtp.jitter_max_ms)
-    }
-
-    /// Codecs, resamplers and buffers for `spec`.
-    pub fn new(spec: &SessionSpec, jitter_min_ms: u32, jitter_max_ms: u32) -> Result<Self, String> {
-        let frame_ms = FRAME_MS as u32;
-        let media_hz = spec.codec.media_rate_hz();
-        let jitter = JitterBuffer::new(JitterConfig {
-            spec: spec.codec,
-            min_ms: jitter_min_ms,
-            max_ms: jitter_max_ms,
-            frame_ms,
-        })
-        .map_err(|e| e.to_string())?;
-        let res_in =
-            FrameResampler::new(media_hz, SAMPLE_RATE_HZ, frame_ms).map_err(|e| e.to_string())?;
-        let res_out =
-            FrameResampler::new(SAMPLE_RATE_HZ, media_hz, frame_ms).map_err(|e| e.to_string())?;
-        let outbound = Outbound::new(
-            spec.codec,
-            spec.payload_type,
-            spec.ptime_ms,
-            res_out.out_frame(),
-            StreamStart::random(),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(MediaPath {
-            jitter,
-            res_in,
-            res_out,
-            outbound,
-        })
-    }
-}
 
 /// Receive-side state, shared by the two tasks of the session.
 struct Inbound {

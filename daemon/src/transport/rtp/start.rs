@@ -14,14 +14,17 @@
 //! task's end); the event stream is registered before the session's id is
 //! handed out, so `/v1/sessions/{id}/events` works from the first answer.
 
-use super::session::{self, MediaPath, NewSession};
+use super::media::MediaPath;
+use super::session::{self, NewSession};
 use super::state::{Registry, SessionHandle, SessionInfo};
 use crate::app::CoreApp;
 use crate::engine::admission::Ticket;
 use crate::events::webhook::WebhookUrl;
 use crate::events::EventSink;
+use crate::events::SessionState;
 use crate::io::mailbox::Mailbox;
 use crate::session::record::{EndReason, SessionRecord};
+use crate::transport::session::{admit, Admitted};
 use glommio::net::UdpSocket;
 use moshid_model::streaming::SessionParams;
 use moshid_telephony::rtp::SessionSpec;
@@ -166,18 +169,12 @@ pub fn reserve(
         local.ip()
     };
     let mut rec = SessionRecord::start(shared.session_id(), transport);
-    let (ticket, mailbox) = app
-        .ctx
-        .admit(params, cfg.session.max_frames_in_flight + 1)
+    let Admitted {
+        ticket,
+        mailbox,
+        events,
+    } = admit(app, &mut rec, params, alias, SessionState::Waiting, webhook)
         .map_err(|refusal| StartError::NoCapacity(refusal.to_string()))?;
-    rec.slot = Some(ticket.slot);
-    let events = shared.events.open(
-        &rec,
-        alias,
-        app.ctx.core,
-        crate::events::SessionState::Waiting,
-        webhook,
-    );
     Ok(Reservation {
         socket,
         ticket,

@@ -37,13 +37,13 @@ use super::endpoint::Endpoint;
 use super::status::OutboundCall;
 use crate::events::webhook::WebhookUrl;
 use crate::session::record::EndReason;
-use crate::transport::rtp::session::MediaPath;
-use crate::transport::rtp::start::{self, Reservation, StartError};
+use crate::transport::rtp::media::MediaPath;
+use crate::transport::rtp::start::{self, Reservation, StartError, Started};
 use moshid_model::streaming::SessionParams;
 use moshid_telephony::sip::build::{self, InDialog, ALLOW};
 use moshid_telephony::sip::message::{self, Message};
 use moshid_telephony::sip::peer::Peer;
-use moshid_telephony::sip::sdp;
+use moshid_telephony::sip::sdp::{self, Choice, Offer};
 use moshid_telephony::sip::transaction::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -468,6 +468,56 @@ impl Endpoint {
         }
     }
 
+    /// The RTP session of a placed call answered with `answer` (its SDP):
+    /// the codec taken, the audio path made, the reservation launched; or
+    /// the label and reason the answer cannot be used.
+    fn launch_answered(
+        &mut self,
+        offer: &str,
+        reservation: &mut Option<Reservation>,
+        answer: &[u8],
+    ) -> Result<(Offer, Choice, Started), (&'static str, String)> {
+        let c = &self.app.shared.config.sip;
+        let (theirs, choice) = sdp::accept_answer(offer, answer, &c.codecs, c.dtmf, c.ptime_ms)
+            .map_err(|e| ("no_codec", e.to_string()))?;
+        let spec = choice.spec(theirs.remote);
+        let media = MediaPath::configured(&spec, &self.app.shared.config.rtp)
+            .map_err(|e| ("internal", format!("cannot set up the audio path: {e}")))?;
+        let reservation = reservation
+            .take()
+            .expect("an unanswered call holds its reservation");
+        let started = start::launch(&self.app, &self.rtp, reservation, spec, media)
+            .map_err(|e| ("busy", e.to_string()))?;
+        Ok((theirs, choice, started))
+    }
+
+    /// A placed call answered unusably (ACKed already): sends `bye`, fails
+    /// the call with `label` and keeps it until the BYE is answered.
+    fn leave_unusable(
+        &mut self,
+        mut o: Outgoing,
+        call_id: &str,
+        (bye, branch): (Vec<u8>, String),
+        label: &'static str,
+        why: &str,
+        now: Instant,
+    ) {
+        self.send(o.target, bye.clone());
+        self.counters.byes_sent += 1;
+        eprintln!(
+            "<5>sip call placed id={} answered unusably: {why}",
+            o.status.id
+        );
+        self.settle_failed(&mut o, Some(200), label);
+        o.phase = Phase::Leaving {
+            bye,
+            branch,
+            resend: Backoff::start(now, &self.timers),
+            give_up_at: now + self.timers.timeout(),
+        };
+        self.outgoing.insert(call_id.to_string(), o);
+    }
+
     /// The 200: ACK, then the call (or, without a usable answer, BYE).
     fn on_answer(&mut self, mut o: Outgoing, call_id: &str, m: &Message, now: Instant) {
         let to_value = header(m, "To").to_string();
@@ -494,52 +544,24 @@ impl Endpoint {
         };
         let ack = build::request("ACK", &dialog, &ack_branch);
         self.send(o.target, ack.clone());
-        let c = self.app.shared.config.sip.clone();
-        let cfg = &self.app.shared.config;
-        let started = sdp::accept_answer(&o.offer, &m.body, &c.codecs, c.dtmf, c.ptime_ms)
-            .map_err(|e| ("no_codec", e.to_string()))
-            .and_then(|(theirs, choice)| {
-                let spec = choice.spec(theirs.remote);
-                let media = MediaPath::configured(&spec, &cfg.rtp)
-                    .map_err(|e| ("internal", format!("cannot set up the audio path: {e}")))?;
-                let reservation = o
-                    .reservation
-                    .take()
-                    .expect("an unanswered call holds its reservation");
-                let started = start::launch(&self.app, &self.rtp, reservation, spec, media)
-                    .map_err(|e| ("busy", e.to_string()))?;
-                Ok((theirs, choice, started))
-            });
-        let (theirs, choice, started) = match started {
-            Ok(s) => s,
-            Err((label, why)) => {
-                // ACKed; now hang up the call that cannot be used.
-                let branch = self.ids.branch();
-                let bye = build::request(
-                    "BYE",
-                    &InDialog {
-                        cseq: o.cseq + 1,
-                        ..dialog
-                    },
-                    &branch,
-                );
-                self.send(o.target, bye.clone());
-                self.counters.byes_sent += 1;
-                eprintln!(
-                    "<5>sip call placed id={} answered unusably: {why}",
-                    o.status.id
-                );
-                self.settle_failed(&mut o, Some(200), label);
-                o.phase = Phase::Leaving {
-                    bye,
-                    branch,
-                    resend: Backoff::start(now, &self.timers),
-                    give_up_at: now + self.timers.timeout(),
-                };
-                self.outgoing.insert(call_id.to_string(), o);
-                return;
-            }
-        };
+        let (theirs, choice, started) =
+            match self.launch_answered(&o.offer, &mut o.reservation, &m.body) {
+                Ok(s) => s,
+                Err((label, why)) => {
+                    // ACKed; now hang up the call that cannot be used.
+                    let branch = self.ids.branch();
+                    let bye = build::request(
+                        "BYE",
+                        &InDialog {
+                            cseq: o.cseq + 1,
+                            ..dialog
+                        },
+                        &branch,
+                    );
+                    self.leave_unusable(o, call_id, (bye, branch), label, &why, now);
+                    return;
+                }
+            };
         started.handle.set_send_paused(!theirs.direction.we_send());
         o.status.answered(choice.codec.name());
         self.counters.placed_answered += 1;
@@ -566,18 +588,7 @@ impl Endpoint {
             state: CallState::Confirmed,
             started: now,
         };
-        eprintln!(
-            "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller=- direction=outbound",
-            call.call_id,
-            call.session.id,
-            call.peer,
-            call.choice.codec.name(),
-            call.choice.pt,
-            call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
-            call.choice.ptime_ms,
-            call.media,
-            call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
-        );
+        log_placed_start(&call);
         let ck = Call::key(call_id, &o.local_tag);
         self.calls.insert(ck.clone(), call);
         if o.cancel_wanted.is_some() || o.status.hang_up_requested() {
@@ -685,4 +696,20 @@ impl Endpoint {
         }
         done
     }
+}
+
+/// A placed call's start in the log.
+fn log_placed_start(call: &Call) {
+    eprintln!(
+        "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller=- direction=outbound",
+        call.call_id,
+        call.session.id,
+        call.peer,
+        call.choice.codec.name(),
+        call.choice.pt,
+        call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
+        call.choice.ptime_ms,
+        call.media,
+        call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
+    );
 }
