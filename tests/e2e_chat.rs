@@ -5,10 +5,8 @@
 //! sending: that is the end that carries the final metadata message (a
 //! client's WebSocket close ends a session without one).
 
-mod common;
-
-use common::*;
 use moshid::codec::{EncoderConfig, OggOpusEncoder};
+use moshid_testkit::prelude::*;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -26,7 +24,7 @@ const CHAT_CONFIG: &str = r#"{"session": {"idle_timeout_ms": 1500, "max_frames_i
 
 #[test]
 fn handshake_comes_first() {
-    let daemon = Daemon::start(&[], Some(CHAT_CONFIG));
+    let daemon = daemon!().config(CHAT_CONFIG).start();
     let mut ws = connect_ws(daemon.addr, "seed=7");
     // Audio sent before reading anything must not overtake the handshake.
     let mut encoder = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
@@ -69,7 +67,7 @@ fn handshake_comes_first() {
 fn concurrent_streams_are_batched_and_complete() {
     const STREAMS: usize = 8;
     const FRAMES: usize = 25;
-    let daemon = Daemon::start(&[], Some(CHAT_CONFIG));
+    let daemon = daemon!().config(CHAT_CONFIG).start();
     let before = daemon.capacity();
     assert_eq!(before["engine"]["steps"], 0, "{before:#}");
     let addr = daemon.addr;
@@ -114,7 +112,7 @@ fn concurrent_streams_are_batched_and_complete() {
 fn a_stream_is_independent_of_its_batch_mates() {
     const SEED_QUERY: &str = "seed=4242&greedy=false";
     const FRAMES: usize = 25;
-    let daemon = Daemon::start(&[], Some(CHAT_CONFIG));
+    let daemon = daemon!().config(CHAT_CONFIG).start();
     let addr = daemon.addr;
 
     // Alone.
@@ -208,7 +206,10 @@ fn a_stream_is_independent_of_its_batch_mates() {
 
 #[test]
 fn admission_refuses_when_every_slot_is_held() {
-    let daemon = Daemon::start(&["--max-slots", "2"], Some(CHAT_CONFIG));
+    let daemon = daemon!()
+        .args(["--max-slots", "2"])
+        .config(CHAT_CONFIG)
+        .start();
     let a = ChatClient::start(daemon.addr, "seed=1");
     let b = ChatClient::start(daemon.addr, "seed=2");
     match ChatClient::connect(daemon.addr, "seed=3") {
@@ -226,9 +227,17 @@ fn admission_refuses_when_every_slot_is_held() {
         cap["capacity"]["refused_total"].as_u64().unwrap() >= 1,
         "{cap:#}"
     );
-    // The held sessions were not disturbed, and their slots come back.
-    a.close();
-    b.close();
+    // The held sessions were not disturbed, and their slots come back; a
+    // client's close is answered with a close frame (a clean close, not a
+    // dropped connection).
+    for (who, c) in [("a", a), ("b", b)] {
+        let log = c.close();
+        assert!(
+            log.close_received,
+            "{who}: no close reply: {}",
+            log.summary()
+        );
+    }
     let cap = daemon.wait_idle();
     assert_eq!(cap["capacity"]["admitted_total"], 2, "{cap:#}");
     let c = ChatClient::start(daemon.addr, "seed=4");
@@ -240,7 +249,9 @@ fn admission_refuses_when_every_slot_is_held() {
 fn admission_refuses_a_stream_over_the_step_budget() {
     // 80 ms − 79.95 ms: a 0.05 ms budget, below any measured step time
     // (the demo model steps in about 0.47 ms in an optimised build).
-    let daemon = Daemon::start(&[], Some(r#"{"engine": {"budget_margin_ms": 79.95}}"#));
+    let daemon = daemon!()
+        .config(r#"{"engine": {"budget_margin_ms": 79.95}}"#)
+        .start();
     let cap = daemon.capacity();
     let group = &cap["capacity"]["groups"][0];
     assert!(
@@ -267,12 +278,7 @@ fn admission_refuses_a_stream_over_the_step_budget() {
 #[test]
 fn bad_input_ends_only_the_offending_session() {
     const HEALTHY_FRAMES: usize = 60;
-    let daemon = Daemon::start(
-        &[],
-        Some(
-            r#"{"session": {"idle_timeout_ms": 1500, "max_frames_in_flight": 4, "max_message_bytes": 16384}}"#,
-        ),
-    );
+    let daemon = daemon!().config(r#"{"session": {"idle_timeout_ms": 1500, "max_frames_in_flight": 4, "max_message_bytes": 16384}}"#,).start();
     let addr = daemon.addr;
     let (first_audio_tx, first_audio_rx) = mpsc::channel();
     let healthy = thread::spawn(move || {
@@ -326,14 +332,18 @@ fn bad_input_ends_only_the_offending_session() {
     assert_eq!(cap["engine"]["dropped_frames"], 0, "{cap:#}");
     // The daemon's own account of the sessions whose clients could not be
     // told (or might not have heard) why they ended.
-    let stderr = daemon.stderr();
+    let ends = daemon.records(Record::SessionEnd, &[]);
     assert!(
-        stderr.contains("reason=client_closed"),
-        "the dropped connection's session end is not logged:\n{stderr}"
+        ends.iter().any(|r| r.str("reason") == "client_closed"),
+        "the dropped connection's session end is not logged:\n{}",
+        daemon.stderr()
     );
     assert!(
-        stderr.contains("reason=protocol_error detail=\"message too large"),
-        "the oversized message's session end is not logged:\n{stderr}"
+        ends.iter().any(|r| r.str("reason") == "protocol_error"
+            && r.get("detail")
+                .is_some_and(|d| d.starts_with("message too large"))),
+        "the oversized message's session end is not logged:\n{}",
+        daemon.stderr()
     );
 }
 
@@ -450,7 +460,7 @@ fn half_page_then_drop(addr: std::net::SocketAddr) {
 /// idle timeout, no error.
 #[test]
 fn end_of_input_is_answered_then_the_session_closes() {
-    let daemon = Daemon::start(&[], None);
+    let daemon = daemon!().start();
     let mut client = ChatClient::start(daemon.addr, "seed=11");
     client.send_frames(&signal(4, 10), Pace::Burst);
     client.send_raw(vec![0x03, 0x01]);
@@ -474,7 +484,7 @@ fn hibiki_is_drained_after_the_end_of_input() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/hibiki-tiny");
     let model = fixture.to_str().expect("UTF-8 path");
     let config = r#"{"session": {"drain_max_frames": 6, "idle_timeout_ms": 20000}}"#;
-    let daemon = Daemon::start(&["--model", model], Some(config));
+    let daemon = daemon!().args(["--model", model]).config(config).start();
     let mut client = ChatClient::start(daemon.addr, "seed=5");
     client.send_frames(&signal(1, 8), Pace::Burst);
     client.send_raw(vec![0x03, 0x01]);

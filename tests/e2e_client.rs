@@ -1,9 +1,7 @@
 //! End-to-end test of `moshid client` as a new user runs it: a WAV file in,
 //! the real binary against a real `moshid serve`, a WAV file and text out.
 
-mod common;
-
-use common::*;
+use moshid_testkit::prelude::*;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -16,22 +14,11 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A 2 s linear chirp, 200 → 2000 Hz, 16 kHz mono 16-bit.
 fn write_chirp(path: &Path) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 16_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).expect("creating the input WAV");
-    let n = 2 * 16_000;
-    for i in 0..n {
-        let t = i as f64 / 16_000.0;
+    moshid_testkit::audio::write_wav(path, 16_000, 2.0, |t| {
         // Phase of a chirp from f0 to f1 over 2 s: 2π (f0 t + (f1 − f0) t² / 4).
         let phase = 2.0 * std::f64::consts::PI * (200.0 * t + 1800.0 * t * t / 4.0);
-        w.write_sample((0.4 * phase.sin() * f64::from(i16::MAX)) as i16)
-            .unwrap();
-    }
-    w.finalize().expect("finalizing the input WAV");
+        0.4 * phase.sin()
+    });
 }
 
 /// Runs the `moshid` binary with `args`; killed (and the test failed)
@@ -65,7 +52,7 @@ fn run_moshid(args: &[&str], timeout: Duration) -> Output {
 
 #[test]
 fn moshid_client_streams_a_wav_file() {
-    let daemon = Daemon::start(&[], None);
+    let daemon = daemon!().start();
     let dir = tempfile::tempdir().expect("temp dir");
     let input = dir.path().join("chirp.wav");
     let output = dir.path().join("reply.wav");

@@ -4,12 +4,8 @@
 //! ran, then converses; bad voice names (a path, a missing file, a file that
 //! is not audio, a corrupt `.pt`) are refused for that session only.
 
-mod common;
-
-use common::*;
-use moshid::codec::{EncoderConfig, OggOpusEncoder};
+use moshid_testkit::prelude::*;
 use std::path::{Path, PathBuf};
-use tungstenite::Message;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden-next/personaplex-tiny")
@@ -28,11 +24,11 @@ fn daemon(voices: &Path) -> Daemon {
         "session": {"idle_timeout_ms": 1500, "max_frames_in_flight": 4},
         "engine": {"prompt_frames_per_tick": 4, "prompt_cache_entries": 2},
     });
-    Daemon::start(&[], Some(&config.to_string()))
+    daemon!().config(&config.to_string()).start()
 }
 
 fn voices() -> tempfile::TempDir {
-    let t = tempfile::tempdir().unwrap();
+    let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     for f in ["voice_a.wav", "voice_b.pt"] {
         std::fs::copy(fixture().join(f), t.path().join(f)).unwrap();
     }
@@ -42,24 +38,6 @@ fn voices() -> tempfile::TempDir {
     pt.truncate(n / 2);
     std::fs::write(t.path().join("torn.pt"), pt).unwrap();
     t
-}
-
-/// Sends `frames` frames and returns the kinds of every message after the
-/// handshake until the session ends (by the idle timeout).
-fn converse(ws: &mut tungstenite::WebSocket<std::net::TcpStream>, frames: usize) -> Vec<u8> {
-    let mut encoder = OggOpusEncoder::new(EncoderConfig::default()).unwrap();
-    let mut buf = vec![0u8; 1 + encoder.max_output_bytes_per_frame()];
-    for frame in signal(3, frames) {
-        buf[0] = kind::AUDIO;
-        let n = encoder.encode_frame(&frame, &mut buf[1..]).unwrap();
-        ws.send(Message::Binary(buf[..1 + n].to_vec().into()))
-            .unwrap();
-    }
-    let mut kinds = Vec::new();
-    while let Some(m) = next_binary(ws) {
-        kinds.push(m[0]);
-    }
-    kinds
 }
 
 #[test]
@@ -81,16 +59,17 @@ fn prompted_sessions_handshake_after_the_prompt_and_bad_names_are_refused() {
     .enumerate()
     {
         let t = std::time::Instant::now();
-        let mut ws = connect_ws(daemon.addr, query);
-        let first = next_binary(&mut ws).expect("a first message");
+        // The handshake must be the first message.
+        let client = ChatClient::connect(daemon.addr, query)
+            .unwrap_or_else(|e| panic!("{query}: handshake first: {e:?}"));
         // Session start (connect → handshake), for the notes: the first
         // session runs its prompt, the third starts from the cache.
         eprintln!(
             "start {i} ({query}): {:.1} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
-        assert_eq!(first, [kind::HANDSHAKE], "{query}: handshake first");
-        let kinds = converse(&mut ws, 4);
+        // Four frames, then the session ends by the idle timeout.
+        let kinds = client.run(&signal(3, 4), Pace::Burst).kinds;
         // PersonaPlex answers from the first frame on (the prompt filled its delay).
         assert_eq!(
             kinds.iter().filter(|&&k| k == kind::AUDIO).count(),
@@ -105,10 +84,11 @@ fn prompted_sessions_handshake_after_the_prompt_and_bad_names_are_refused() {
         ("voice_prompt=torn.pt", "torn.pt"),
         ("text_prompt=hi&cfg_coef=2", "cfg_coef"),
     ] {
-        let mut ws = connect_ws(daemon.addr, query);
-        let m = next_binary(&mut ws).expect("an error message");
-        assert_eq!(m[0], kind::ERROR, "{query}: {m:?}");
-        let text = String::from_utf8_lossy(&m[1..]).to_string();
+        let text = match ChatClient::connect(daemon.addr, query) {
+            Err(NotStarted::Refused(text)) => text,
+            Ok(_) => panic!("{query}: started a session"),
+            Err(e) => panic!("{query}: not an error message: {e:?}"),
+        };
         assert!(text.contains(why), "{query}: {text}");
         assert!(
             !text.contains(v.path().to_str().unwrap()),
@@ -116,8 +96,6 @@ fn prompted_sessions_handshake_after_the_prompt_and_bad_names_are_refused() {
         );
     }
     // The daemon still serves.
-    let mut ws = connect_ws(daemon.addr, "text_prompt=good%20evening");
-    assert_eq!(next_binary(&mut ws).unwrap(), [kind::HANDSHAKE]);
-    drop(ws);
+    ChatClient::start(daemon.addr, "text_prompt=good%20evening").close();
     daemon.wait_idle();
 }

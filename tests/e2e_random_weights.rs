@@ -5,11 +5,8 @@
 //! line, the listening lines), and a full-size shape on the CPU backend or
 //! an unknown shape is refused in words before anything is served.
 
-mod common;
-
-use common::*;
+use moshid_testkit::prelude::*;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// Sessions end 1.5 s after their last message; at most 4 frames in flight.
 const CHAT_CONFIG: &str = r#"{"session": {"idle_timeout_ms": 1500, "max_frames_in_flight": 4}}"#;
@@ -17,17 +14,17 @@ const CHAT_CONFIG: &str = r#"{"session": {"idle_timeout_ms": 1500, "max_frames_i
 /// A conversation with the tiny shape on `backend`, and every place that
 /// must say the weights are random.
 fn serves_a_marked_conversation(backend: &str, slots: &str) {
-    let daemon = Daemon::start(
-        &[
+    let daemon = daemon!()
+        .args([
             "--backend",
             backend,
             "--random-weights",
             "moshi-tiny",
             "--max-slots",
             slots,
-        ],
-        Some(CHAT_CONFIG),
-    );
+        ])
+        .config(CHAT_CONFIG)
+        .start();
     let model = daemon.get_json("/v1/model");
     assert_eq!(model["model"]["random_weights"], "moshi-tiny", "{model:#}");
     assert_eq!(
@@ -41,8 +38,13 @@ fn serves_a_marked_conversation(backend: &str, slots: &str) {
             .starts_with(backend),
         "{model:#}"
     );
-    let log = daemon.wait_for_log("<6>ready:", Duration::from_secs(5));
-    let ready = log.lines().find(|l| l.starts_with("<6>ready:")).unwrap();
+    // The ready line is written before the daemon says where it listens,
+    // so it is in the log once `start` returned.
+    let log = daemon.stderr();
+    let ready = log
+        .lines()
+        .find(|l| l.starts_with("<6>ready:"))
+        .unwrap_or_else(|| panic!("no ready line: {log}"));
     assert!(
         ready.contains("RANDOM WEIGHTS (moshi-tiny)"),
         "the ready line must say so: {ready}"
@@ -72,7 +74,7 @@ fn tiny_random_weights_are_made_on_the_emulated_gpu_and_serve_a_conversation() {
 
 /// `moshid serve ARGS` that must refuse to start: its exit status and stderr.
 fn refused(args: &[&str]) -> (Option<i32>, String) {
-    let cache = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_moshid"))
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--cache-dir"])

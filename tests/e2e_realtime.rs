@@ -20,30 +20,22 @@
 //!   browsers' subprotocol; G.711 sessions; a client sending faster than
 //!   real time is slowed, not buffered, and loses no frame.
 
-mod common;
-
 use base64::Engine;
-use common::{Daemon, IO_TIMEOUT};
+use moshid_testkit::peers::{need_python_package, python};
+use moshid_testkit::prelude::*;
+use moshid_testkit::{daemon::one_at_a_time, records::LogRecord};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
 
-/// One daemon at a time: the machine may have two CPUs.
-static SERIAL: Mutex<()> = Mutex::new(());
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// Bytes of one 80 ms frame of PCM16 at 24 kHz.
 const FRAME_BYTES: usize = 3840;
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The tiny Hibiki fixture with the fixtures' tiny tokenizer beside it (the
 /// fixture alone has none, and a model without one shows no text).
@@ -63,56 +55,6 @@ fn hibiki_with_tokenizer() -> tempfile::TempDir {
 }
 
 // ---- the Python peers ------------------------------------------------------
-
-/// The tests' Python: `MOSHID_PYTHON`, else `.cache/test-venv` (which
-/// `scripts/setup --tests` makes), else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("MOSHID_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/test-venv/bin/python3");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
-
-/// Whether `peer` may be skipped (named in `MOSHID_SKIP`).
-fn skip_allowed(peer: &str) -> bool {
-    std::env::var("MOSHID_SKIP")
-        .unwrap_or_default()
-        .split([',', ' '])
-        .any(|p| p.trim() == peer)
-}
-
-/// Whether the Python module `module` (the peer `peer`) is there: a missing
-/// one fails the test unless `MOSHID_SKIP` names the peer (then it says so
-/// past the harness's capture and the test is skipped).
-fn need_python(peer: &str, module: &str) -> bool {
-    let py = python();
-    let ok = Command::new(&py)
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return true;
-    }
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    if skip_allowed(peer) {
-        let line = format!(
-            "SKIPPED test={test} peer={peer}: {} cannot import {module}\n",
-            py.display()
-        );
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
-        return false;
-    }
-    panic!(
-        "{test} needs the Python package of {peer} ({} cannot import {module}): run \
-         `scripts/setup --tests`, or set MOSHID_SKIP={peer} to skip the tests that need it",
-        py.display()
-    );
-}
 
 /// Runs `tests/interop/SCRIPT ARGS…` and returns its `SUMMARY` JSON.
 fn run_script(daemon: &Daemon, script: &str, args: &[&str]) -> Value {
@@ -137,56 +79,20 @@ fn run_script(daemon: &Daemon, script: &str, args: &[&str]) -> Value {
     }
 }
 
-/// The `session end` log line of the session with transport `transport`.
-fn session_end(daemon: &Daemon, transport: &str) -> String {
-    session_ends(daemon, transport, 1).swap_remove(0)
-}
-
-/// The first `n` `session end` log lines of sessions with transport
-/// `transport`, once there are that many.
-fn session_ends(daemon: &Daemon, transport: &str, n: usize) -> Vec<String> {
-    let want = format!("transport={transport} ");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let lines: Vec<String> = daemon
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("session end id=") && l.contains(&want))
-            .map(str::to_string)
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} session ends for {transport}:\n{}",
-            lines.len(),
-            daemon.stderr_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn field(line: &str, key: &str) -> u64 {
-    let k = format!(" {key}=");
-    let at = line
-        .find(&k)
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        + k.len();
-    line[at..]
-        .split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{key} in {line}"))
+/// The `session end` record of the session with transport `transport`.
+fn session_end(daemon: &Daemon, transport: &str) -> LogRecord {
+    daemon.wait_record(Record::SessionEnd, &[("transport", transport)])
 }
 
 #[test]
 fn the_openai_sdk_converses() {
-    if !need_python("openai", "openai") {
+    if !need_python_package("openai", "openai") {
         return;
     }
-    let _serial = serial();
-    let daemon = Daemon::start(&[], Some(r#"{"realtime": {"responses": "continuous"}}"#));
+    let _serial = one_at_a_time();
+    let daemon = daemon!()
+        .config(r#"{"realtime": {"responses": "continuous"}}"#)
+        .start();
     let model = daemon.get_json("/v1/model")["model"]["name"]
         .as_str()
         .unwrap()
@@ -244,22 +150,22 @@ fn the_openai_sdk_converses() {
     );
     assert_eq!(s["deltas_after_cancel"], 0, "{said}");
     let end = session_end(&daemon, "realtime");
-    assert_eq!(field(&end, "frames_in"), 75, "{end}");
-    assert_eq!(field(&end, "dropped"), 0, "{end}");
+    assert_eq!(end.u64("frames_in"), 75, "{end}");
+    assert_eq!(end.u64("dropped"), 0, "{end}");
 }
 
 #[test]
 fn the_openai_sdk_translates_with_hibiki() {
-    if !need_python("openai", "openai") {
+    if !need_python_package("openai", "openai") {
         return;
     }
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let config = r#"{"session": {"drain_max_frames": 6}}"#;
     let model_dir = hibiki_with_tokenizer();
-    let daemon = Daemon::start(
-        &["--model", model_dir.path().to_str().unwrap()],
-        Some(config),
-    );
+    let daemon = daemon!()
+        .args(["--model", model_dir.path().to_str().unwrap()])
+        .config(config)
+        .start();
     let model = daemon.get_json("/v1/model")["model"]["name"]
         .as_str()
         .unwrap()
@@ -307,16 +213,16 @@ fn the_openai_sdk_translates_with_hibiki() {
     assert_eq!(record["end_reason"]["kind"], "input_finished", "{said}");
     assert!(record["frames_out"].as_u64().unwrap() >= 74, "{said}");
     let end = session_end(&daemon, "realtime_translation");
-    assert!(end.contains("reason=input_finished"), "{end}");
+    assert_eq!(end.str("reason"), "input_finished", "{end}");
 }
 
 #[test]
 fn pipecat_holds_a_conversation() {
-    if !need_python("pipecat", "pipecat.services.openai.realtime.llm") {
+    if !need_python_package("pipecat", "pipecat.services.openai.realtime.llm") {
         return;
     }
-    let _serial = serial();
-    let daemon = Daemon::start(&[], None);
+    let _serial = one_at_a_time();
+    let daemon = daemon!().start();
     let model = daemon.get_json("/v1/model")["model"]["name"]
         .as_str()
         .unwrap()
@@ -331,7 +237,7 @@ fn pipecat_holds_a_conversation() {
     assert!(s["bot_audio_frames"].as_f64().unwrap() >= 10.0, "{said}");
     assert!(!s["bot_text"].as_str().unwrap().is_empty(), "{said}");
     let end = session_end(&daemon, "realtime");
-    assert_eq!(field(&end, "dropped"), 0, "{end}");
+    assert_eq!(end.u64("dropped"), 0, "{end}");
 }
 
 // ---- a raw client ----------------------------------------------------------
@@ -417,25 +323,23 @@ impl RawClient {
     }
 }
 
-/// `frames` frames of a loud 180 Hz tone, PCM16 at 24 kHz.
-fn tone(frames: usize) -> Vec<u8> {
-    (0..frames * 1920)
-        .flat_map(|i| {
-            let x = (2.0 * std::f32::consts::PI * 180.0 * i as f32 / 24_000.0).sin() * 9000.0;
-            (x as i16).to_le_bytes()
-        })
+/// `frames` frames of the kit's test tone, PCM16 at 24 kHz.
+fn tone_pcm16(frames: usize) -> Vec<u8> {
+    tone(24_000, 0, frames * FRAME_BYTES / 2)
+        .into_iter()
+        .flat_map(i16::to_le_bytes)
         .collect()
 }
 
 #[test]
 fn bad_input_ends_only_its_own_session_with_an_error_first() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let config = r#"{"realtime": {"max_event_bytes": 65536, "responses": "continuous"}, "session": {"idle_timeout_ms": 20000}}"#;
-    let daemon = Daemon::start(&[], Some(config));
+    let daemon = daemon!().config(config).start();
     let mut healthy = RawClient::connect(daemon.addr, "/v1/realtime?responses=continuous", &[]);
     let created = healthy.next_event();
     assert_eq!(created["type"], "session.created", "{created}");
-    let audio = tone(1);
+    let audio = tone_pcm16(1);
     let start = Instant::now();
     let mut sent = 0;
     let mut pace = |c: &mut RawClient| {
@@ -501,7 +405,7 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
         c.next_event()["error"]["code"],
         "response_cancel_not_active"
     );
-    c.append(&tone(2));
+    c.append(&tone_pcm16(2));
     c.send(json!({"type": "input_audio_buffer.commit"}));
     let (committed, _) = c.until("input_audio_buffer.committed");
     assert!(
@@ -531,8 +435,10 @@ fn bad_input_ends_only_its_own_session_with_an_error_first() {
 
 #[test]
 fn the_token_as_a_bearer_header_or_the_browsers_subprotocol() {
-    let _serial = serial();
-    let daemon = Daemon::start(&[], Some(r#"{"listen": {"token": "s3cret"}}"#));
+    let _serial = one_at_a_time();
+    let daemon = daemon!()
+        .config(r#"{"listen": {"token": "s3cret"}}"#)
+        .start();
     let path = "/v1/realtime?model=anything";
     let refused = RawClient::try_connect(daemon.addr, path, &[]);
     assert!(
@@ -567,10 +473,10 @@ fn the_token_as_a_bearer_header_or_the_browsers_subprotocol() {
 
 #[test]
 fn g711_and_a_client_faster_than_real_time() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let config =
         r#"{"realtime": {"responses": "continuous"}, "session": {"idle_timeout_ms": 20000}}"#;
-    let daemon = Daemon::start(&[], Some(config));
+    let daemon = daemon!().config(config).start();
     // G.711 μ-law both ways: 80 ms of 8 kHz audio is 640 bytes.
     let mut c = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
     c.next_event();
@@ -595,7 +501,7 @@ fn g711_and_a_client_faster_than_real_time() {
     // heard and answered.
     let mut fast = RawClient::connect(daemon.addr, "/v1/realtime", &[]);
     fast.next_event();
-    let second = tone(13)[..48_000].to_vec();
+    let second = tone_pcm16(13)[..48_000].to_vec();
     let t0 = Instant::now();
     for _ in 0..6 {
         fast.append(&second);
@@ -613,8 +519,8 @@ fn g711_and_a_client_faster_than_real_time() {
         t0.elapsed()
     );
     fast.ws.close(None).unwrap();
-    let ends = session_ends(&daemon, "realtime", 2);
-    assert_eq!(field(&ends[1], "frames_in"), 75, "{}", ends[1]);
-    assert_eq!(field(&ends[1], "dropped"), 0, "{}", ends[1]);
+    let ends = daemon.wait_records(Record::SessionEnd, &[("transport", "realtime")], 2);
+    assert_eq!(ends[1].u64("frames_in"), 75, "{}", ends[1]);
+    assert_eq!(ends[1].u64("dropped"), 0, "{}", ends[1]);
     daemon.wait_idle();
 }

@@ -2,9 +2,7 @@
 //! `moshid serve`, some ending abruptly; afterwards nothing is left held and
 //! the counters add up.
 
-mod common;
-
-use common::*;
+use moshid_testkit::prelude::*;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -127,7 +125,7 @@ fn worker(addr: std::net::SocketAddr, index: usize) -> Tally {
 
 #[test]
 fn many_sessions_come_and_go_without_leaking() {
-    let daemon = Daemon::start(&[], Some(&config_with_idle_timeout(1000)));
+    let daemon = daemon!().config(&config_with_idle_timeout(1000)).start();
     let addr = daemon.addr;
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| thread::spawn(move || worker(addr, w)))
@@ -156,10 +154,11 @@ fn many_sessions_come_and_go_without_leaking() {
     assert_eq!(e["faults"], 0, "{cap:#}");
 
     // The daemon logged the end of every session, refused ones included.
-    let stderr = daemon.stderr();
-    let ends = stderr.matches("<6>session end ").count() as u64;
-    assert_eq!(ends, sessions + total.refused, "session end lines");
-    let idle_ends = stderr.matches("reason=idle_timeout").count() as u64;
+    let ends = daemon.records(Record::SessionEnd, &[]).len() as u64;
+    assert_eq!(ends, sessions + total.refused, "session end records");
+    let idle_ends = daemon
+        .records(Record::SessionEnd, &[("reason", "idle_timeout")])
+        .len() as u64;
     assert_eq!(
         idle_ends, total.normal,
         "sessions ended by the idle timeout"
@@ -182,10 +181,9 @@ fn many_sessions_come_and_go_without_leaking() {
 #[test]
 fn burst_is_backpressured_when_in_flight_fits_the_engine_queue() {
     const FRAMES: usize = 30;
-    let daemon = Daemon::start(
-        &[],
-        Some(r#"{"session": {"idle_timeout_ms": 1000, "max_frames_in_flight": 4}}"#),
-    );
+    let daemon = daemon!()
+        .config(r#"{"session": {"idle_timeout_ms": 1000, "max_frames_in_flight": 4}}"#)
+        .start();
     let log = ChatClient::start(daemon.addr, "seed=3").run(&signal(2, FRAMES), Pace::Burst);
     log.assert_complete(FRAMES, "burst");
     let cap = daemon.wait_idle();
@@ -199,7 +197,7 @@ fn burst_is_backpressured_when_in_flight_fits_the_engine_queue() {
 #[test]
 fn burst_is_backpressured_with_the_default_config() {
     const FRAMES: usize = 20;
-    let daemon = Daemon::start(&[], Some(&config_with_idle_timeout(1000)));
+    let daemon = daemon!().config(&config_with_idle_timeout(1000)).start();
     let log = ChatClient::start(daemon.addr, "seed=3").run(&signal(2, FRAMES), Pace::Burst);
     log.assert_complete(FRAMES, "burst with the default config");
 }

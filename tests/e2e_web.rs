@@ -1,11 +1,9 @@
 //! The page's server side without a browser: the embedded assets and their
 //! headers, `GET /v1/model`, the token (headers and `auth_id`), built-in TLS
 //! (plain HTTP to the TLS port, the handshake timeout, a certificate that
-//! cannot be used) and SIGHUP. The browser itself: `browser_page.rs`.
+//! cannot be used) and SIGHUP. The browser itself: `e2e_browser.rs`.
 
-mod common;
-
-use common::*;
+use moshid_testkit::prelude::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -50,7 +48,7 @@ fn upgrade_status(d: &Daemon, path: &str, headers: &[&str]) -> u16 {
 
 #[test]
 fn the_page_is_public_and_the_rest_needs_the_token() {
-    let d = Daemon::start(&["--token", TOKEN], None);
+    let d = daemon!().args(["--token", TOKEN]).start();
     for path in [
         "/",
         "/index.html",
@@ -130,7 +128,7 @@ fn the_page_is_public_and_the_rest_needs_the_token() {
         ),
         401
     );
-    d.wait_for_log("session end", Duration::from_secs(10));
+    d.wait_record(Record::SessionEnd, &[]);
     assert!(!d.stderr().contains(TOKEN), "the token is in the log");
 }
 
@@ -151,7 +149,10 @@ fn tls_listener_redirects_plain_http_and_times_out_silent_handshakes() {
         "tls_cert_file": cert, "tls_key_file": key, "tls_handshake_timeout_ms": 300
     }})
     .to_string();
-    let d = Daemon::start_tls(&[], &config, tls_client(c.cert.der()));
+    let d = daemon!()
+        .config(&config)
+        .tls(tls_client(c.cert.der()))
+        .start();
     assert_eq!(d.get_json("/capacity")["capacity"]["max_slots"], 8);
     assert_eq!(d.http_get("/").0, 200, "the page over https");
 
@@ -196,7 +197,7 @@ fn tls_listener_redirects_plain_http_and_times_out_silent_handshakes() {
         waited >= Duration::from_millis(250) && waited < IO_TIMEOUT,
         "closed after {waited:?}"
     );
-    d.wait_for_log("no TLS handshake within 300ms", Duration::from_secs(5));
+    d.wait_log_text("no TLS handshake within 300ms", Duration::from_secs(5));
 }
 
 #[test]
@@ -232,9 +233,9 @@ fn a_certificate_that_cannot_be_used_fails_the_start_naming_the_key() {
 
 #[test]
 fn sighup_without_tls_is_logged_and_harmless() {
-    let d = Daemon::start(&[], None);
+    let d = daemon!().start();
     d.signal("HUP");
-    d.wait_for_log("SIGHUP: nothing to reload", Duration::from_secs(10));
+    d.wait_record(Record::SighupReload, &[("outcome", "nothing_to_reload")]);
     assert_eq!(d.get_json("/health")["status"], "ok");
     let status = d.stop();
     assert!(status.success(), "{status:?}");

@@ -55,6 +55,7 @@ pub mod heap;
 pub mod http;
 pub mod hub;
 pub mod io;
+pub mod log_record;
 pub mod metrics;
 pub mod preflight;
 pub mod protocol;

@@ -1,8 +1,9 @@
 //! Interop of `moshid::codec` with Kyutai's `sphn` Ogg Opus streams.
 //!
 //! Fixtures in `tests/data` were written by `sphn.OpusStreamWriter` (see
-//! `make_ogg_fixtures.py`); the last test runs sphn itself when python3 with
-//! sphn is importable and skips (with a message) otherwise.
+//! `make_ogg_fixtures.py`); the last test runs sphn itself, in the tests'
+//! Python (`scripts/setup --tests` installs sphn there): without it the
+//! test fails, unless `MOSHID_SKIP` names sphn.
 
 mod codec_common;
 
@@ -11,6 +12,7 @@ use moshid::codec::{
     DecoderConfig, EncoderConfig, OggOpusDecoder, OggOpusEncoder, ENCODER_PACKET_SAMPLES,
     FRAME_SAMPLES,
 };
+use moshid_testkit::peers::{need_python, python};
 
 const FIXTURES: [&str; 2] = ["sphn_sine440_1s", "sphn_chirp_2s"];
 /// Lowest acceptable (correlation, SNR dB) against the original signal. Opus
@@ -280,11 +282,7 @@ fn decoder_is_stable_when_reused() {
 /// reads what our encoder writes. Runs only where python3 can import sphn.
 #[test]
 fn sphn_reads_our_encoder_output() {
-    let probe = std::process::Command::new("python3")
-        .args(["-c", "import sphn, numpy"])
-        .output();
-    if !matches!(&probe, Ok(o) if o.status.success()) {
-        println!("SKIPPED: python3 with sphn and numpy is not available");
+    if !need_python("sphn") || !need_python("numpy") {
         return;
     }
     for kind in ["sine440", "chirp"] {
@@ -311,7 +309,7 @@ fn sphn_reads_our_encoder_output() {
             pcm = pcm_path.to_str().unwrap(),
             sizes = sizes.join(", "),
         );
-        let run = std::process::Command::new("python3")
+        let run = std::process::Command::new(python())
             .args(["-c", &script])
             .output()
             .unwrap();

@@ -67,6 +67,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "protocol",
             "hub",
             "random_weights",
+            "log_record",
         ],
     ),
     ("crate root", &["lib"]),

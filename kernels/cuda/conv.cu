@@ -193,21 +193,26 @@ convtr1d_state_update(const float* __restrict__ tail, float* __restrict__ partia
 // conv_gemm_reduce adds them in split order, then applies the epilogue: the
 // same one conv_gemm applies itself with one split.
 //
-// Geometry: block = CG_THREADS (128) threads, a CG_BM × CG_BN (32 × 64)
-// tile of outputs, thread (ty, tx) = (tid / 16, tid % 16) the 4 × 4
-// outputs rows 4·ty.., columns 4·tx..; grid = (ceil(c_out / 64), phases ·
-// ceil(rows / 32), splits). The reduction walks CG_BK (16) at a time
-// through shared memory (A as [kk][row], 32 + 4 floats a line so that
-// both the stores of consecutive kk and the 16-byte reads are free of bank
-// conflicts; B as [kk][col]), the next slice loaded into registers while the
-// current one is used. Shared memory: 16 · 36 + 16 · 64 floats = 6.3 KiB.
+// Geometry: block = CG_THREADS (128) threads, a BM × CG_BN tile of outputs
+// (BM = CG_BM = 32: conv_gemm; CG_BM_TALL = 64: conv_gemm_tall, for layers
+// with many rows per slot-step), thread (ty, tx) = (tid / 16, tid % 16) the
+// BM/8 × 4 outputs rows (BM/8)·ty.., columns 4·tx..; grid = (ceil(c_out /
+// 64), phases · ceil(rows / BM), splits). The reduction walks CG_BK (32) at
+// a time through shared memory (A as [kk][row], BM + 4 floats a line so
+// that the 16-byte reads stay aligned and a warp's stores of 32 consecutive
+// kk fall on 8 banks, not 1; B as [kk][col]), loaded from global memory in
+// whole lines (consecutive threads: consecutive kk of a row, consecutive
+// columns of B), the next slice into registers while the current one is
+// used. Shared memory: 32 · (BM + 4) + 32 · 64 floats (12.5 or 16.5 KiB).
+// Each output's order is the same in both tile sizes.
 // conv_gemm_reduce: a grid-stride loop over phases · rows · c_out,
 // block = CG_RED_THREADS (256), no shared memory.
 #define CG_THREADS 128
 #define CG_BM 32
+#define CG_BM_TALL 64
 #define CG_BN 64
-#define CG_BK 16
-#define CG_ALD (CG_BM + 4)
+#define CG_BK 32
+#define CG_BU (CG_BK * CG_BN / CG_THREADS)  // B values a thread loads per slice
 #define CG_RED_THREADS 256
 
 // Four floats moved as one 16-byte access (float4 without the CUDA header).
@@ -274,28 +279,33 @@ __device__ __forceinline__ CgOut cg_out(const float* bias, const float* res, con
     return e;
 }
 
-extern "C" __global__ void __launch_bounds__(CG_THREADS)
-conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
-          const float* __restrict__ bias, const float* res, const float* __restrict__ partial,
-          const SlotStep* __restrict__ steps, float* y, float* __restrict__ tail, float* __restrict__ part,
-          int n, int c_in, int c_out, int kernel, int stride, int dilation, int t_in, int hist, int transposed,
-          int elu, int k_split) {
-    __shared__ cg_f4 As[CG_BK][CG_ALD / 4];
+template <int BM>
+__device__ __forceinline__ void conv_gemm_tile(const float* __restrict__ x, const float* __restrict__ prev,
+                                               const float* __restrict__ w, const float* __restrict__ bias,
+                                               const float* res, const float* __restrict__ partial,
+                                               const SlotStep* __restrict__ steps, float* y,
+                                               float* __restrict__ tail, float* __restrict__ part, int n, int c_in,
+                                               int c_out, int kernel, int stride, int dilation, int t_in, int hist,
+                                               int transposed, int elu, int k_split) {
+    constexpr int ALD = BM + 4;                          // A line (floats)
+    constexpr int AU = BM * CG_BK / CG_THREADS;          // A values a thread loads per slice
+    constexpr int TM = BM / 8;                           // output rows per thread
+    __shared__ cg_f4 As[CG_BK][ALD / 4];
     __shared__ cg_f4 Bs[CG_BK][CG_BN / 4];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const CgOut e = cg_out(bias, res, partial, steps, y, tail, c_out, kernel, stride, t_in, transposed);
-    const int m_rows = n * e.rows, row_tiles = (m_rows + CG_BM - 1) / CG_BM;
-    const int p = blockIdx.y / row_tiles, r0 = (blockIdx.y % row_tiles) * CG_BM, c0 = blockIdx.x * CG_BN;
+    const int m_rows = n * e.rows, row_tiles = (m_rows + BM - 1) / BM;
+    const int p = blockIdx.y / row_tiles, r0 = (blockIdx.y % row_tiles) * BM, c0 = blockIdx.x * CG_BN;
     const int taps = transposed ? (kernel - 1 - p) / stride + 1 : kernel;
     const int k_all = taps * c_in;
     const int kb = blockIdx.z * k_split, ke = min(kb + k_split, k_all);
 
-    // This thread's A rows (tid / 16 + 8u) and B column (tid % 64) never change.
-    int a_j[4], a_t[4], a_slot[4];
-    bool a_live[4];
+    // This thread's A rows (tid / 32 + 4u) and B column (tid % 64) never change.
+    int a_j[AU], a_t[AU], a_slot[AU];
+    bool a_live[AU];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int r = r0 + (tid >> 4) + 8 * u;
+    for (int u = 0; u < AU; ++u) {
+        const int r = r0 + (tid >> 5) + 4 * u;
         a_live[u] = false;
         a_j[u] = a_t[u] = a_slot[u] = 0;
         if (r < m_rows) {
@@ -307,13 +317,13 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
         }
     }
     const int b_col = c0 + (tid & 63);
-    float a_reg[4], b_reg[8];
+    float a_reg[AU], b_reg[CG_BU];
     // Loads the slice [k0, k0 + CG_BK) of A and B into the registers.
     auto load = [&](int k0) {
-        const int kk = k0 + (tid & 15);
+        const int kk = k0 + (tid & 31);
         const int tap = kk / c_in, i = kk - tap * c_in;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < AU; ++u) {
             float v = 0.f;
             if (kk < ke && a_live[u]) {
                 if (!transposed) {
@@ -329,7 +339,7 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
             a_reg[u] = v;
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < CG_BU; ++u) {
             const int bk = k0 + (tid >> 6) + 2 * u;
             float v = 0.f;
             if (bk < ke && b_col < c_out) {
@@ -344,9 +354,9 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
         }
     };
 
-    float acc[4][4];
+    float acc[TM][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) acc[i][jj] = 0.f;
     if (kb < ke) load(kb);
@@ -354,27 +364,30 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
         float* as = &As[0][0].v[0];
         float* bs = &Bs[0][0].v[0];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) as[(tid & 15) * CG_ALD + (tid >> 4) + 8 * u] = a_reg[u];
+        for (int u = 0; u < AU; ++u) as[(tid & 31) * ALD + (tid >> 5) + 4 * u] = a_reg[u];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) bs[((tid >> 6) + 2 * u) * CG_BN + (tid & 63)] = b_reg[u];
+        for (int u = 0; u < CG_BU; ++u) bs[((tid >> 6) + 2 * u) * CG_BN + (tid & 63)] = b_reg[u];
         __syncthreads();
         if (k0 + CG_BK < ke) load(k0 + CG_BK);
 #pragma unroll
         for (int kk = 0; kk < CG_BK; ++kk) {
-            const cg_f4 a = As[kk][ty];
             const cg_f4 b = Bs[kk][tx];
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int h = 0; h < TM / 4; ++h) {
+                const cg_f4 a = As[kk][ty * (TM / 4) + h];
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) acc[i][jj] += a.v[i] * b.v[jj];
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) acc[4 * h + i][jj] += a.v[i] * b.v[jj];
+            }
         }
         __syncthreads();
     }
 
     const int splits = gridDim.z;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = r0 + 4 * ty + i;
+    for (int i = 0; i < TM; ++i) {
+        const int r = r0 + TM * ty + i;
         if (r >= m_rows) continue;
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
@@ -386,6 +399,29 @@ conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const flo
                 part[(((size_t)blockIdx.z * (gridDim.y / row_tiles) + p) * m_rows + r) * c_out + o] = acc[i][jj];
         }
     }
+}
+
+// 32-row tiles (the layers with few rows per slot-step, split or not).
+extern "C" __global__ void __launch_bounds__(CG_THREADS)
+conv_gemm(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
+          const float* __restrict__ bias, const float* res, const float* __restrict__ partial,
+          const SlotStep* __restrict__ steps, float* y, float* __restrict__ tail, float* __restrict__ part,
+          int n, int c_in, int c_out, int kernel, int stride, int dilation, int t_in, int hist, int transposed,
+          int elu, int k_split) {
+    conv_gemm_tile<32>(x, prev, w, bias, res, partial, steps, y, tail, part, n, c_in, c_out, kernel, stride,
+                       dilation, t_in, hist, transposed, elu, k_split);
+}
+
+// 64-row tiles (the layers with many rows per slot-step: twice the products
+// per shared-memory read).
+extern "C" __global__ void __launch_bounds__(CG_THREADS)
+conv_gemm_tall(const float* __restrict__ x, const float* __restrict__ prev, const float* __restrict__ w,
+               const float* __restrict__ bias, const float* res, const float* __restrict__ partial,
+               const SlotStep* __restrict__ steps, float* y, float* __restrict__ tail, float* __restrict__ part,
+               int n, int c_in, int c_out, int kernel, int stride, int dilation, int t_in, int hist,
+               int transposed, int elu, int k_split) {
+    conv_gemm_tile<64>(x, prev, w, bias, res, partial, steps, y, tail, part, n, c_in, c_out, kernel, stride,
+                       dilation, t_in, hist, transposed, elu, k_split);
 }
 
 // After conv_gemm with `splits` > 1: each output's partial sums added in

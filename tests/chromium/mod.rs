@@ -36,6 +36,22 @@ pub fn chromium_binary() -> String {
     std::env::var("MOSHID_CHROMIUM").unwrap_or_else(|_| "chromium".to_string())
 }
 
+/// Whether Chromium can run here: a missing one fails the test, unless
+/// `MOSHID_SKIP` names chromium (see `moshid_testkit::peers`).
+pub fn need_chromium() -> bool {
+    let bin = chromium_binary();
+    let found = if bin.contains('/') {
+        if Path::new(&bin).exists() {
+            Ok(())
+        } else {
+            Err(format!("MOSHID_CHROMIUM={bin} does not exist"))
+        }
+    } else {
+        moshid_testkit::peers::on_path(&bin)
+    };
+    moshid_testkit::peers::require("chromium", found)
+}
+
 /// The microphone the browser is given.
 #[derive(Debug, Clone, Copy)]
 pub enum Mic<'a> {
@@ -377,23 +393,11 @@ impl Drop for Browser {
 /// a tone with vibrato, harmonics and a syllable-rate envelope) for the
 /// fake microphone.
 pub fn write_voice_wav(path: &Path, seconds: f64) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 48_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).expect("creating the WAV");
-    let n = (seconds * 48_000.0) as usize;
     let mut phase = 0.0f64;
-    for i in 0..n {
-        let t = i as f64 / 48_000.0;
+    moshid_testkit::audio::write_wav(path, 48_000, seconds, |t| {
         let f = 180.0 * (1.0 + 0.08 * (2.0 * std::f64::consts::PI * 2.5 * t).sin());
         phase += 2.0 * std::f64::consts::PI * f / 48_000.0;
         let env = (2.0 * std::f64::consts::PI * 2.0 * t).sin().abs();
-        let x = 0.35 * env * (phase.sin() + 0.4 * (2.0 * phase).sin() + 0.2 * (3.0 * phase).sin());
-        w.write_sample((x.clamp(-1.0, 1.0) * 32767.0) as i16)
-            .expect("writing the WAV");
-    }
-    w.finalize().expect("finishing the WAV");
+        0.35 * env * (phase.sin() + 0.4 * (2.0 * phase).sin() + 0.2 * (3.0 * phase).sin())
+    });
 }

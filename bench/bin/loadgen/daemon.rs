@@ -1,170 +1,120 @@
-//! The daemon under test: starting `moshid serve` (`--spawn`), reading its
-//! `/capacity` endpoint, and polling the engine counters during a run.
+//! The daemon under test: the target of a run (a `moshid serve` started by
+//! `--spawn` with the test kit's one daemon builder, or one running at
+//! `--url`), its `/capacity` endpoint, and polling the engine counters
+//! during a run.
 //!
 //! Invariants: a spawned daemon is killed (by its own PID) when its
-//! [`Spawned`] is dropped, so an error never leaves one running; its stdout
-//! is drained by a thread for as long as it lives; `/capacity` is fetched
-//! with one short-lived HTTP/1.1 connection per request (the endpoint closes
-//! or gives a Content-Length; either is handled).
+//! [`Target`] is dropped, so an error never leaves one running; `/capacity`
+//! is fetched with one short-lived HTTP/1.1 connection per request.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use moshid_testkit::{Daemon, DaemonBuilder};
 use serde_json::Value;
 
-/// The line `moshid serve` prints once it is ready.
-const READY_PREFIX: &str = "moshid listening on http://";
+/// Timeout of one `/capacity` read.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A `moshid serve` started by the load generator.
-pub struct Spawned {
-    child: Child,
-    /// The address it listens on.
+/// Which daemon a run loads: one it starts, or one already running.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TargetArgs {
+    /// Chat endpoint of a running daemon (ws://HOST:PORT/api/chat).
+    #[arg(long, required_unless_present = "spawn")]
+    pub url: Option<String>,
+    /// PID of that daemon, for its CPU time, memory and descriptors (/proc/PID).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Start this moshid binary (`serve --listen 127.0.0.1:0 SERVE_ARGS`)
+    /// and measure it; it is stopped at the end.
+    #[arg(long, value_name = "MOSHID", conflicts_with_all = ["url", "pid"])]
+    pub spawn: Option<String>,
+    /// Arguments of `moshid serve` with --spawn, split on whitespace
+    /// (e.g. "--max-slots 64 --cache-dir /tmp/moshid-cache").
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    pub serve_args: String,
+    /// Where the spawned daemon's stderr goes (default: discarded).
+    #[arg(long)]
+    pub daemon_log: Option<PathBuf>,
+    /// Seconds to wait for the spawned daemon to listen (model warm-up).
+    #[arg(long, default_value_t = 300.0)]
+    pub spawn_timeout: f64,
+}
+
+/// The daemon a run loads.
+pub struct Target {
+    /// The daemon this run started (stopped when dropped), if it did.
+    pub spawned: Option<Daemon>,
+    /// Its chat endpoint.
+    pub url: String,
+    /// Its HTTP address.
     pub addr: SocketAddr,
+    /// Its PID, when known (spawned, or `--pid`).
+    pub pid: Option<u32>,
 }
 
-impl Spawned {
-    /// Starts `binary serve --listen 127.0.0.1:0 ARGS…` (no `--listen` is
-    /// added when `args` has one) and waits up to `timeout` for it to say
-    /// where it listens. Its stderr goes to `log` (or nowhere).
-    pub fn start(
-        binary: &str,
-        args: &[String],
-        log: Option<&std::path::Path>,
-        timeout: Duration,
-    ) -> Result<Self> {
-        let mut cmd = Command::new(binary);
-        cmd.arg("serve");
-        if !args
-            .iter()
-            .any(|a| a == "--listen" || a.starts_with("--listen="))
-        {
-            cmd.args(["--listen", "127.0.0.1:0"]);
-        }
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
-        match log {
-            Some(path) => {
-                let file = std::fs::File::create(path)
-                    .with_context(|| format!("creating {}", path.display()))?;
-                cmd.stderr(file);
-            }
-            None => {
-                cmd.stderr(Stdio::null());
-            }
-        }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {binary} serve"))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("loadgen-daemon-out".into())
-            .spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(rest) = line.trim().strip_prefix(READY_PREFIX) {
-                        let _ = tx.send(rest.trim_end_matches('/').to_string());
-                    }
+impl TargetArgs {
+    /// `--serve-args`, split on whitespace.
+    pub fn serve_args_list(&self) -> Vec<String> {
+        self.serve_args
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    }
+
+    /// Starts the daemon (`--spawn`, at `nice` when not 0) or names the
+    /// running one (`--url`).
+    pub fn target(&self, nice: i32) -> Result<Target> {
+        let spawned = match &self.spawn {
+            Some(binary) => {
+                let serve_args: Vec<&str> = self.serve_args.split_whitespace().collect();
+                eprintln!("starting {binary} serve {}", serve_args.join(" "));
+                if !(self.spawn_timeout > 0.0 && self.spawn_timeout.is_finite()) {
+                    bail!("--spawn-timeout must be a positive number of seconds");
                 }
-            })?;
-        let mut spawned = Spawned {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+                let d = DaemonBuilder::new(binary)
+                    .args(serve_args)
+                    .stderr_to(self.daemon_log.as_deref())
+                    .ready_timeout(Duration::from_secs_f64(self.spawn_timeout))
+                    .spawn()
+                    .with_context(|| format!("--spawn {binary}"))?;
+                eprintln!("daemon pid {} listening on {}", d.pid(), d.addr);
+                if nice != 0 {
+                    crate::sys::favour_process(d.pid(), nice).context("--nice on the daemon")?;
+                }
+                Some(d)
+            }
+            None => None,
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(addr) => {
-                    spawned.addr = addr
-                        .parse()
-                        .with_context(|| format!("moshid printed address {addr:?}"))?;
-                    return Ok(spawned);
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    bail!("{binary} serve exited before listening (see --daemon-log)")
-                }
-            }
-            if let Some(status) = spawned.child.try_wait()? {
-                bail!("{binary} serve exited with {status} before listening");
-            }
-            if Instant::now() >= deadline {
-                bail!("{binary} serve did not listen within {timeout:?}");
-            }
-        }
-    }
-
-    /// The daemon's PID.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let url = match (&spawned, &self.url) {
+            (Some(d), _) => d.chat_url(""),
+            (None, Some(u)) => u.clone(),
+            (None, None) => bail!("give --url or --spawn"),
+        };
+        let pid = spawned.as_ref().map(Daemon::pid).or(self.pid);
+        let addr = http_addr(&url)?;
+        Ok(Target {
+            spawned,
+            url,
+            addr,
+            pid,
+        })
     }
 }
 
 /// `GET path` on `addr`; the body parsed as JSON.
 pub fn get_json(addr: SocketAddr, path: &str) -> Result<Value> {
-    let timeout = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        response.extend_from_slice(&buf[..n]);
-        if let Some(body) = complete_body(&response) {
-            return Ok(serde_json::from_slice(body)?);
-        }
-    }
-    let split = find(&response, b"\r\n\r\n").ok_or_else(|| anyhow!("no HTTP head"))?;
-    Ok(serde_json::from_slice(&response[split + 4..])?)
-}
-
-/// The body once the whole of it (by Content-Length) has come.
-fn complete_body(response: &[u8]) -> Option<&[u8]> {
-    let split = find(response, b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&response[..split]).ok()?;
-    let length: usize = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case("content-length")
-            .then(|| v.trim().parse().ok())?
-    })?;
-    let body = &response[split + 4..];
-    (body.len() >= length).then(|| &body[..length])
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    moshid_testkit::http::get_json(addr, path, HTTP_TIMEOUT)
 }
 
 /// The HTTP address of a `ws://HOST:PORT/…` URL.
 pub fn http_addr(url: &str) -> Result<SocketAddr> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    authority
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| anyhow!("{authority} has no address"))
+    moshid_testkit::chat::url_addr(url).map_err(|e| anyhow!(e))
 }
 
 /// The engine counters of one `/capacity` read.
@@ -333,10 +283,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn body_by_content_length() {
-        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(complete_body(r), Some(&b"{}"[..]));
-        assert_eq!(complete_body(&r[..r.len() - 1]), None);
+    fn engine_counters_of_a_capacity_body() {
         let v: Value = serde_json::json!({
             "capacity": {"active_sessions": 3, "admissible_sessions": 61,
                 "groups": [{"predicted_step_ms": 1.5}, {"predicted_step_ms": 2.5}]},

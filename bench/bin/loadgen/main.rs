@@ -55,7 +55,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use audio::{EncodedAudio, OpusFloor, Rng};
-use daemon::{EngineCounters, Spawned};
+use daemon::EngineCounters;
 use plan::Criteria;
 use report::{Report, RunConfig, StepReport};
 use stream::{Outcome, StepShared};
@@ -66,9 +66,8 @@ use wire::Protocol;
 #[derive(Debug, Parser)]
 #[command(name = "moshid-loadgen")]
 struct Args {
-    /// Chat endpoint of a running daemon (ws://HOST:PORT/api/chat).
-    #[arg(long, required_unless_present = "spawn")]
-    url: Option<String>,
+    #[command(flatten)]
+    target: daemon::TargetArgs,
     /// What the callers speak: chat (Kyutai's /api/chat, Ogg Opus),
     /// realtime (the OpenAI Realtime API on /v1/realtime, base64 PCM16 in
     /// JSON), or both as a list (`chat,realtime`: each step runs once per
@@ -76,23 +75,6 @@ struct Args {
     /// with --streams only).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "chat")]
     protocol: Vec<Protocol>,
-    /// PID of that daemon, for its CPU time (/proc/PID/stat).
-    #[arg(long)]
-    pid: Option<u32>,
-    /// Start this moshid binary (`serve --listen 127.0.0.1:0 SERVE_ARGS`)
-    /// and measure it; it is stopped at the end.
-    #[arg(long, value_name = "MOSHID", conflicts_with_all = ["url", "pid"])]
-    spawn: Option<String>,
-    /// Arguments of `moshid serve` with --spawn, split on whitespace
-    /// (e.g. "--max-slots 64 --cache-dir /tmp/moshid-cache").
-    #[arg(long, allow_hyphen_values = true, default_value = "")]
-    serve_args: String,
-    /// Where the spawned daemon's stderr goes (default: discarded).
-    #[arg(long)]
-    daemon_log: Option<PathBuf>,
-    /// Seconds to wait for the spawned daemon to listen (model warm-up).
-    #[arg(long, default_value_t = 300.0)]
-    spawn_timeout: f64,
     /// Run this many callers once.
     #[arg(long, required_unless_present = "ramp", conflicts_with = "ramp")]
     streams: Option<usize>,
@@ -262,35 +244,8 @@ fn measure(
     let floor_audio = secs(args.floor_seconds, "--floor-seconds")?;
 
     // The daemon.
-    let serve_args: Vec<String> = args
-        .serve_args
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let spawned = match &args.spawn {
-        Some(binary) => {
-            eprintln!("starting {binary} serve {}", serve_args.join(" "));
-            let s = Spawned::start(
-                binary,
-                &serve_args,
-                args.daemon_log.as_deref(),
-                secs(args.spawn_timeout, "--spawn-timeout")?,
-            )?;
-            eprintln!("daemon pid {} listening on {}", s.pid(), s.addr);
-            if args.nice != 0 {
-                sys::favour_process(s.pid(), args.nice).context("--nice on the daemon")?;
-            }
-            Some(s)
-        }
-        None => None,
-    };
-    let url = match (&spawned, &args.url) {
-        (Some(s), _) => format!("ws://{}/api/chat", s.addr),
-        (None, Some(u)) => u.clone(),
-        (None, None) => bail!("give --url or --spawn"),
-    };
-    let pid = spawned.as_ref().map(Spawned::pid).or(args.pid);
-    let addr = daemon::http_addr(&url)?;
+    let target = args.target.target(args.nice)?;
+    let (spawned, url, pid, addr) = (target.spawned, target.url, target.pid, target.addr);
     EngineCounters::read(addr).with_context(|| format!("GET http://{addr}/capacity"))?;
 
     let idle_ms_per_s = pid.and_then(|pid| {
@@ -447,8 +402,8 @@ fn measure(
         config: RunConfig {
             url,
             daemon_pid: pid,
-            spawned: args.spawn.clone(),
-            serve_args,
+            spawned: args.target.spawn.clone(),
+            serve_args: args.target.serve_args_list(),
             plan,
             step_seconds: frames as f64 * moshid::FRAME_MS / 1000.0,
             budget_ms: args.budget_ms,

@@ -34,14 +34,15 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+pub(crate) use moshid::client::would_block;
 use moshid::protocol::kind;
+use moshid_testkit::chat::{await_handshake, upgrade, NotStarted};
 use serde_json::Value;
 use tungstenite::{Message, WebSocket};
 
 use crate::audio::{EncodedAudio, Rng};
-use crate::daemon::http_addr;
 use crate::stats::FrameMatcher;
-use crate::wire::Protocol;
+use crate::wire::{self, Protocol};
 
 /// Audio frame period.
 const FRAME: Duration = Duration::from_millis(80);
@@ -143,57 +144,34 @@ pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer:
     outcome
 }
 
-pub(crate) fn would_block(e: &tungstenite::Error) -> bool {
-    matches!(e, tungstenite::Error::Io(e)
-        if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
-}
-
-/// TCP connect, WebSocket upgrade, then the session handshake (0x00) or a
-/// refusal (0x05 first, or an HTTP error on the upgrade).
+/// TCP connect, WebSocket upgrade, then the session handshake or a
+/// refusal (an error message first, or an HTTP error on the upgrade) on
+/// `/api/chat`: the test kit's [`upgrade`] and [`await_handshake`].
 pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
     connect_with(url, timeout, Protocol::Chat)
 }
 
-/// [`connect`] for a caller speaking `protocol` (its handshake or refusal).
+/// [`connect`] for a caller speaking `protocol`: the kit's upgrade, then
+/// that protocol's handshake or refusal.
 pub(crate) fn connect_with(url: &str, timeout: Duration, protocol: Protocol) -> Connected {
     let deadline = Instant::now() + timeout;
-    let attempt = || -> Result<Connected> {
-        let addr = http_addr(url)?;
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut ws = match tungstenite::client(url, stream) {
-            Ok((ws, _response)) => ws,
-            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
-                let body = r
-                    .body()
-                    .as_deref()
-                    .map(|b| String::from_utf8_lossy(b).trim().to_string())
-                    .unwrap_or_default();
-                return Ok(Connected::Refused(format!("HTTP {}: {body}", r.status())));
-            }
-            Err(e) => return Err(anyhow!("WebSocket upgrade: {e}")),
-        };
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(anyhow!("no session handshake within {timeout:?}"));
-            }
-            ws.get_ref().set_read_timeout(Some(left))?;
-            match ws.read() {
-                Ok(Message::Close(_)) => return Err(anyhow!("closed before the handshake")),
-                Ok(msg) => match protocol.handshake(&msg) {
-                    Some(Ok(())) => return Ok(Connected::Ok(Box::new(ws))),
-                    Some(Err(why)) => return Ok(Connected::Refused(why)),
-                    None => {}
-                },
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("before the handshake: {e}")),
-            }
+    let started = upgrade(url, timeout).and_then(|mut ws| {
+        match protocol {
+            Protocol::Chat => await_handshake(&mut ws, deadline),
+            Protocol::Realtime => wire::await_session_created(&mut ws, deadline),
         }
-    };
-    attempt().unwrap_or_else(|e| Connected::Failed(format!("{e:#}")))
+        .map(|()| ws)
+    });
+    match started {
+        Ok(ws) => Connected::Ok(Box::new(ws)),
+        Err(NotStarted::Refused(why)) => Connected::Refused(why),
+        Err(NotStarted::Closed) => Connected::Failed("closed before the handshake".into()),
+        Err(NotStarted::Unexpected(m)) => Connected::Failed(format!(
+            "a message of kind {:?} before the handshake",
+            m.first()
+        )),
+        Err(NotStarted::Failed(why)) => Connected::Failed(why),
+    }
 }
 
 fn ms_since(t0: Instant, t: Instant) -> f64 {
@@ -258,18 +236,7 @@ fn session(
             }
             until
         };
-        if unflushed {
-            match ws.flush() {
-                Ok(()) => unflushed = false,
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("flushing: {e}")),
-            }
-        }
-        let mut wait = wake.saturating_duration_since(now);
-        if unflushed {
-            wait = wait.min(Duration::from_millis(1));
-        }
-        if !wait_readable(fd, wait)? {
+        if !flush_then_wait(&mut ws, fd, &mut unflushed, wake, now)? {
             continue;
         }
         // Everything readable now (tungstenite may also hold whole messages
@@ -295,6 +262,30 @@ fn session(
     }
     close(&mut ws, fd, out);
     Ok(())
+}
+
+/// Flushes what tungstenite holds when `unflushed` (a socket that was
+/// full), then waits until the socket is readable or `wake` comes — at most
+/// 1 ms while bytes are still held, to flush them again. `Ok(true)`: readable.
+pub(crate) fn flush_then_wait(
+    ws: &mut WebSocket<TcpStream>,
+    fd: RawFd,
+    unflushed: &mut bool,
+    wake: Instant,
+    now: Instant,
+) -> Result<bool> {
+    if *unflushed {
+        match ws.flush() {
+            Ok(()) => *unflushed = false,
+            Err(e) if would_block(&e) => {}
+            Err(e) => return Err(anyhow!("flushing: {e}")),
+        }
+    }
+    let mut wait = wake.saturating_duration_since(now);
+    if *unflushed {
+        wait = wait.min(Duration::from_millis(1));
+    }
+    Ok(wait_readable(fd, wait)?)
 }
 
 /// Waits at most `timeout` (nanosecond resolution, unlike socket timeouts,

@@ -8,11 +8,15 @@
 //! model answers comes back (as `/api/chat` sends every frame) and the
 //! answers match the frames one for one.
 
+use std::time::Instant;
+
 use anyhow::{anyhow, Result};
 use base64::Engine;
+use moshid::client::{decode_audio, is_closed, would_block};
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
 use moshid::protocol::kind;
 use moshid::FRAME_SAMPLES;
+use moshid_testkit::chat::{ChatSocket, NotStarted};
 use serde_json::Value;
 use tungstenite::{Bytes, Message};
 
@@ -40,30 +44,6 @@ impl Protocol {
         }
     }
 
-    /// What the first message from the server says: the session started
-    /// (`Some(Ok)`), was refused (`Some(Err(why))`), or not yet (`None`).
-    pub fn handshake(self, msg: &Message) -> Option<Result<(), String>> {
-        match (self, msg) {
-            (Protocol::Chat, Message::Binary(data)) => match data.first() {
-                Some(&kind::HANDSHAKE) => Some(Ok(())),
-                Some(&kind::ERROR) => Some(Err(String::from_utf8_lossy(&data[1..]).into_owned())),
-                _ => None,
-            },
-            (Protocol::Realtime, Message::Text(text)) => {
-                let v: Value = serde_json::from_str(text.as_str()).ok()?;
-                match v["type"].as_str()? {
-                    "session.created" => Some(Ok(())),
-                    "error" => Some(Err(v["error"]["message"]
-                        .as_str()
-                        .unwrap_or("?")
-                        .to_string())),
-                    _ => None,
-                }
-            }
-            _ => None,
-        }
-    }
-
     /// A caller's side of this protocol.
     pub fn caller(self, audio: &EncodedAudio) -> Result<Box<dyn Caller>> {
         Ok(match self {
@@ -79,6 +59,40 @@ impl Protocol {
                 decoded: vec![0; FRAME_SAMPLES * 2 + 3],
             }),
         })
+    }
+}
+
+/// Reads a Realtime session's first events until `session.created` (the
+/// session started) or an `error` event (refused), before `deadline`.
+pub fn await_session_created(ws: &mut ChatSocket, deadline: Instant) -> Result<(), NotStarted> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NotStarted::Failed("no session.created in time".into()));
+        }
+        ws.get_ref()
+            .set_read_timeout(Some(left))
+            .map_err(|e| NotStarted::Failed(e.to_string()))?;
+        match ws.read() {
+            Ok(Message::Text(text)) => {
+                let v: Value = serde_json::from_str(text.as_str()).map_err(|e| {
+                    NotStarted::Failed(format!("a first event that is not JSON: {e}"))
+                })?;
+                match v["type"].as_str() {
+                    Some("session.created") => return Ok(()),
+                    Some("error") => {
+                        let why = v["error"]["message"].as_str().unwrap_or("?");
+                        return Err(NotStarted::Refused(why.to_string()));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(Message::Close(_)) => return Err(NotStarted::Closed),
+            Ok(_) => {}
+            Err(e) if would_block(&e) => {}
+            Err(e) if is_closed(&e) => return Err(NotStarted::Closed),
+            Err(e) => return Err(NotStarted::Failed(format!("before session.created: {e}"))),
+        }
     }
 }
 
@@ -108,17 +122,11 @@ impl Caller for ChatCaller {
         };
         match data.first() {
             Some(&kind::AUDIO) => {
-                let mut samples = 0;
-                for piece in data[1..].chunks(32 * 1024) {
-                    self.decoder.push_bytes(piece)?;
-                    while let Some(pcm) = self.decoder.next_pcm()? {
-                        samples += pcm.len();
-                        if let Some(keep) = out.answer_pcm.as_mut() {
-                            keep.extend_from_slice(pcm);
-                        }
-                    }
+                let pcm = decode_audio(&mut self.decoder, &data[1..])?;
+                if let Some(keep) = out.answer_pcm.as_mut() {
+                    keep.extend_from_slice(&pcm);
                 }
-                out.matcher.audio(samples, arrival_ms);
+                out.matcher.audio(pcm.len(), arrival_ms);
             }
             Some(&kind::TEXT) => out.text_messages += 1,
             Some(&kind::METADATA) => out.metadata = serde_json::from_slice(&data[1..]).ok(),

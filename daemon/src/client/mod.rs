@@ -20,7 +20,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 pub use run::{run, run_with_text_output, ClientOptions, ClientReport, DEFAULT_URL};
-pub use session::{chat_url, ChatConnection, ChatReceiver, ChatSender, ServerEvent};
+pub use session::{
+    chat_url, decode_audio, is_closed, would_block, ChatConnection, ChatReceiver, ChatSender,
+    ServerEvent,
+};
 pub use wav::OutputFormat;
 
 use crate::codec::CodecError;

@@ -500,14 +500,16 @@ fn wait_for_handshake(
     }
 }
 
-fn would_block(error: &tungstenite::Error) -> bool {
+/// A read or write that found nothing to do before the socket's timeout
+/// (or on a non-blocking socket): not an error of the connection.
+pub fn would_block(error: &tungstenite::Error) -> bool {
     matches!(error, tungstenite::Error::Io(e)
         if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
 }
 
 /// The connection is gone, cleanly or not (a server may drop the TCP
 /// connection right after an error message).
-fn is_closed(error: &tungstenite::Error) -> bool {
+pub fn is_closed(error: &tungstenite::Error) -> bool {
     match error {
         tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => true,
         tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => true,
@@ -554,7 +556,9 @@ fn handle_message(
     Ok(())
 }
 
-fn decode_audio(decoder: &mut OggOpusDecoder, payload: &[u8]) -> Result<Vec<f32>, CodecError> {
+/// The PCM of one audio message's payload (Ogg bytes, any chunking), fed to
+/// `decoder` in pieces that fit its buffer.
+pub fn decode_audio(decoder: &mut OggOpusDecoder, payload: &[u8]) -> Result<Vec<f32>, CodecError> {
     let mut pcm = Vec::new();
     for piece in payload.chunks(DECODER_PUSH_BYTES) {
         decoder.push_bytes(piece)?;

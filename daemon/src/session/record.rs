@@ -3,6 +3,7 @@
 //! session (sent to the client at the end where the protocol allows, written
 //! to the log) and dropped with it; nothing here is shared or retained.
 
+use crate::log_record::{LogLine, Record};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -127,32 +128,30 @@ impl SessionRecord {
         serde_json::json!({ "session": self })
     }
 
-    /// Writes the journald-friendly log line for the end of the session.
+    /// Writes the session's end as a [`Record::SessionEnd`] log record.
     pub fn log(&self) {
         let reason = self.end_reason.as_ref();
-        let detail = match reason {
+        let line = LogLine::new(Record::SessionEnd)
+            .field("id", self.id)
+            .field("transport", self.transport)
+            .opt("slot", self.slot)
+            .field("frames_in", self.frames_in)
+            .field("frames_out", self.frames_out)
+            .field("text_tokens", self.text_tokens)
+            .field("dropped", self.frames_dropped)
+            .field("late", self.late_frames)
+            .field("duration_ms", self.duration_ms)
+            .field("reason", reason.map_or("unknown", EndReason::label));
+        match reason {
             Some(
                 EndReason::ProtocolError(d)
                 | EndReason::Refused(d)
                 | EndReason::BadParameters(d)
                 | EndReason::SendFailed(d),
-            ) => format!(" detail={d:?}"),
-            _ => String::new(),
-        };
-        eprintln!(
-            "<6>session end id={} transport={} slot={} frames_in={} frames_out={} text_tokens={} dropped={} late={} duration_ms={} reason={}{}",
-            self.id,
-            self.transport,
-            self.slot.map_or("-".to_string(), |s| s.to_string()),
-            self.frames_in,
-            self.frames_out,
-            self.text_tokens,
-            self.frames_dropped,
-            self.late_frames,
-            self.duration_ms,
-            reason.map_or("unknown", EndReason::label),
-            detail
-        );
+            ) => line.quoted("detail", d),
+            _ => line,
+        }
+        .emit();
     }
 }
 

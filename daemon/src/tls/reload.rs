@@ -7,6 +7,7 @@
 //! never on an I/O core or the engine; sessions are not touched.
 
 use super::ServerTls;
+use crate::log_record::{LogLine, Record};
 use signal_hook::consts::SIGHUP;
 use signal_hook::iterator::{Handle, Signals};
 use std::sync::Arc;
@@ -27,20 +28,25 @@ impl SighupReloader {
             .name("moshid-sighup".into())
             .spawn(move || {
                 for _ in signals.forever() {
+                    let line = LogLine::new(Record::SighupReload);
                     match &tls {
-                        None => eprintln!(
-                            "<6>SIGHUP: nothing to reload (no `listen.tls_cert_file` configured)"
-                        ),
+                        // No `listen.tls_cert_file` configured.
+                        None => line.field("outcome", "nothing_to_reload"),
+                        // Open connections keep the certificate they had.
                         Some(tls) => match tls.reload() {
-                            Ok(summary) => eprintln!(
-                                "<5>SIGHUP: TLS certificate reloaded ({summary}); open connections keep theirs"
-                            ),
-                            Err(e) => eprintln!(
-                                "<3>SIGHUP: TLS reload failed, the current certificate stays ({}): {e}",
-                                tls.summary()
-                            ),
+                            Ok(summary) => line
+                                .priority(5)
+                                .field("outcome", "tls_reloaded")
+                                .quoted("certificate", summary),
+                            Err(e) => line
+                                .priority(3)
+                                .field("outcome", "tls_reload_failed")
+                                // The certificate in use stays.
+                                .quoted("kept", tls.summary())
+                                .quoted("error", e),
                         },
                     }
+                    .emit();
                 }
             })?;
         Ok(SighupReloader {

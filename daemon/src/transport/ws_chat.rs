@@ -620,6 +620,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSession<S> {
                 Ok(())
             })
             .await;
+        } else if matches!(reason, EndReason::ClientClosed) {
+            // Complete the closing handshake: tungstenite queued the reply to
+            // the client's close frame and writes it on a flush (its `close`
+            // refuses to write once the peer has closed), so the client sees
+            // a clean close instead of a dropped connection.
+            let limit = Duration::from_millis(self.app.shared.config.session.send_timeout_ms);
+            let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.flush().await;
+                Ok(())
+            })
+            .await;
         }
         self.rec.log();
         self.rec

@@ -27,12 +27,15 @@ pub const CONV_THREADS: u32 = 128;
 pub const CONV_TT: usize = 4;
 /// `CG_THREADS` of conv.cu.
 pub const CG_THREADS: u32 = 128;
-/// `CG_BM` of conv.cu: output rows per GEMM block.
+/// `CG_BM` of conv.cu: output rows per GEMM block (conv_gemm).
 pub const CG_BM: usize = 32;
+/// `CG_BM_TALL` of conv.cu: output rows per block of conv_gemm_tall, for
+/// the layers with at least [`NO_SPLIT_ROWS`] rows per slot-step.
+pub const CG_BM_TALL: usize = 64;
 /// `CG_BN` of conv.cu: output channels per GEMM block.
 pub const CG_BN: usize = 64;
 /// `CG_BK` of conv.cu: reduction slice.
-pub const CG_BK: usize = 16;
+pub const CG_BK: usize = 32;
 /// `CG_RED_THREADS` of conv.cu.
 pub const CG_RED_THREADS: u32 = 256;
 /// Layers with at least this many output channels take the implicit GEMM.
@@ -45,8 +48,9 @@ const MIN_SPLIT_K: usize = 128;
 /// Splits stop where the partial sums of one slot-step would outgrow this
 /// many rows (their traffic at large batches).
 const MAX_PARTIAL_ROWS: usize = 256;
-/// Layers with at least this many output rows per slot-step never split.
-const NO_SPLIT_ROWS: usize = 128;
+/// Layers with at least this many output rows per slot-step never split
+/// (and take the 64-row tiles).
+pub const NO_SPLIT_ROWS: usize = 128;
 /// Grid cap of the reduce's grid-stride loop.
 const RED_MAX_BLOCKS: usize = 4096;
 
@@ -175,6 +179,8 @@ pub struct GemmPlan {
     pub k: usize,
     /// Ranges the reduction is split into (1: no partial sums).
     pub splits: usize,
+    /// Output rows per block ([`CG_BM`] or [`CG_BM_TALL`]).
+    pub tile_rows: usize,
     /// Reduction terms per split.
     pub k_split: usize,
 }
@@ -205,6 +211,11 @@ impl GemmPlan {
             k,
             splits: k.div_ceil(k_split).max(1),
             k_split,
+            tile_rows: if rows >= NO_SPLIT_ROWS {
+                CG_BM_TALL
+            } else {
+                CG_BM
+            },
         }
     }
 
@@ -258,6 +269,7 @@ pub struct ConvKernels {
     tr_dw: KernelId,
     tr_update: KernelId,
     gemm: KernelId,
+    gemm_tall: KernelId,
     reduce: KernelId,
 }
 
@@ -271,6 +283,7 @@ impl ConvKernels {
             tr_dw: dev.kernel("convtr1d_dw_stream")?,
             tr_update: dev.kernel("convtr1d_state_update")?,
             gemm: dev.kernel("conv_gemm")?,
+            gemm_tall: dev.kernel("conv_gemm_tall")?,
             reduce: dev.kernel("conv_gemm_reduce")?,
         })
     }
@@ -502,7 +515,7 @@ impl ConvKernels {
         if plan.splits > 1 && io.part == NULL {
             return Err(DeviceError::shape(what, "null partial-sum scratch"));
         }
-        let row_tiles = (n_steps * plan.rows).div_ceil(CG_BM);
+        let row_tiles = (n_steps * plan.rows).div_ceil(plan.tile_rows);
         let grid = (
             dim(what, plan.c_out.div_ceil(CG_BN))?,
             dim(what, plan.phases * row_tiles)?,
@@ -517,8 +530,13 @@ impl ConvKernels {
             i(d.t_in)?,
         );
         let transposed = Arg::I32(d.transposed as i32);
+        let id = if plan.tile_rows == CG_BM_TALL {
+            self.gemm_tall
+        } else {
+            self.gemm
+        };
         dev.launch(
-            self.gemm,
+            id,
             grid,
             CG_THREADS,
             &[
@@ -632,6 +650,8 @@ mod tests {
         // Mimi's layers: many rows per slot-step never split; the deep ones
         // split until a slot-step fills about 512 blocks, within the bounds.
         assert_eq!(conv(64, 32, 3, 1, 1).plan(1920).splits, 1);
+        assert_eq!(conv(64, 32, 3, 1, 1).plan(1920).tile_rows, CG_BM_TALL);
+        assert_eq!(conv(512, 1024, 16, 8, 1).plan(16).tile_rows, CG_BM);
         assert_eq!(conv(64, 128, 8, 4, 1).plan(1920).splits, 1);
         let down = conv(512, 1024, 16, 8, 1).plan(16);
         assert_eq!((down.rows, down.k), (2, 8192));

@@ -14,9 +14,11 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod embed;
+pub mod gemv;
 pub mod norm;
 pub mod rvq;
 pub mod sampling;
+pub mod short_attn;
 pub mod text_rules;
 pub mod types;
 
@@ -124,5 +126,34 @@ mod tests {
             super::rvq::RVQ_DEC_THREADS as u64
         );
         assert_eq!(define(rvq, "RVQ_MAX_DIM"), super::rvq::RVQ_MAX_DIM as u64);
+        assert_eq!(define(rvq, "RVQ_ROWS"), super::rvq::RVQ_ROWS as u64);
+        assert_eq!(define(rvq, "RVQ_TILE"), super::rvq::RVQ_TILE as u64);
+        for (name, v) in [
+            ("CG_THREADS", super::conv::CG_THREADS as u64),
+            ("CG_BM", super::conv::CG_BM as u64),
+            ("CG_BM_TALL", super::conv::CG_BM_TALL as u64),
+            ("CG_BN", super::conv::CG_BN as u64),
+            ("CG_BK", super::conv::CG_BK as u64),
+            ("CG_RED_THREADS", super::conv::CG_RED_THREADS as u64),
+        ] {
+            assert_eq!(define(conv, name), v, "{name}");
+        }
+        let gemv = include_str!("../../cuda/gemv.cu");
+        assert_eq!(define(gemv, "GV_THREADS"), super::gemv::GV_THREADS as u64);
+        assert_eq!(define(gemv, "GV_COLS"), super::gemv::GV_COLS as u64);
+        assert_eq!(define(gemv, "GV_MAX_ROWS"), super::gemv::GV_MAX_ROWS as u64);
+        let sa = include_str!("../../cuda/short_attn.cu");
+        assert_eq!(
+            define(sa, "SA_THREADS"),
+            super::short_attn::SA_THREADS as u64
+        );
+        assert_eq!(
+            define(sa, "SA_MAX_KEYS"),
+            super::short_attn::SA_MAX_KEYS as u64
+        );
+        assert_eq!(
+            define(sa, "SA_MAX_HEAD_DIM"),
+            super::short_attn::SA_MAX_HEAD_DIM as u64
+        );
     }
 }

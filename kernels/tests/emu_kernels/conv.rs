@@ -285,16 +285,24 @@ fn conv1d_stream_and_state_match_a_naive_streaming_conv() {
 #[test]
 fn conv_gemm_outputs_do_not_depend_on_the_batch() {
     // One slot-step's input alone and as step 20 of 37 (other row tiles,
-    // other blocks of a split reduction): the same bits.
-    let s = ConvShape {
+    // other blocks of a split reduction): the same bits, with 32-row tiles
+    // and a split reduction, and with 64-row tiles.
+    let split = ConvShape {
         c_in: 96,
         c_out: 80,
         kernel: 6,
         stride: 3,
         dilation: 1,
     };
-    let t_in = 6;
-    assert!(s.plan(t_in).splits > 1);
+    assert!(split.plan(6).splits > 1 && split.plan(6).tile_rows == 32);
+    let tall = ConvShape { c_in: 20, ..split };
+    assert!(tall.plan(390).splits == 1 && tall.plan(390).tile_rows == 64);
+    for (s, t_in) in [(split, 6), (tall, 390)] {
+        same_alone_and_among_others(s, t_in);
+    }
+}
+
+fn same_alone_and_among_others(s: ConvShape, t_in: usize) {
     let t_out = s.t_out(t_in);
     let mut dev = device();
     let w = up(&mut *dev, &conv_w(s.kernel, s.c_in, s.c_out, 4.0));
@@ -347,13 +355,16 @@ fn convtr1d_dense_and_depthwise_match_a_naive_transposed_conv() {
     // the dense product as a GEMM per phase — one split (130 channels over
     // three column tiles), split in two (300 terms), and a kernel that is
     // not a multiple of the stride (phases with 3 and 2 taps) — and the
-    // depthwise kernel. Step 1 is masked in call 2.
+    // depthwise kernel; many rows per phase (64-row tiles). Step 1 is
+    // masked in call 2.
     for (depthwise, (c_in, c_out), kernel, stride, t_in, n, elu) in [
         (false, (7, 130), 6, 2, 3, 2, false),
         (true, (130, 130), 6, 2, 3, 2, false),
         (false, (150, 70), 6, 3, 2, 3, true),
         (false, (100, 33), 7, 3, 2, 3, true),
         (false, (9, 33), 8, 4, 5, 1, false),
+        // 131 rows per phase and step: the 64-row tiles.
+        (false, (9, 33), 8, 4, 130, 2, true),
     ] {
         let shape = ConvTrShape {
             c_in,

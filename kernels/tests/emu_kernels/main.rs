@@ -33,11 +33,13 @@ mod conv;
 mod elementwise;
 mod errors;
 mod gemm;
+mod gemv;
 mod graphs;
 mod norms;
 mod rvq;
 mod sampling;
 mod scheduler;
+mod short_attn;
 
 use moshid_kernels::device::emu::{EmuDevice, Order};
 use moshid_kernels::device::{

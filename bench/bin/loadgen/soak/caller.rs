@@ -14,13 +14,14 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use moshid::client::decode_audio;
 use moshid::codec::{DecoderConfig, OggOpusDecoder};
 use moshid::protocol::{kind, END_OF_INPUT_MESSAGE};
 use tungstenite::{Bytes, Message};
 
 use crate::audio::{EncodedAudio, StreamWriter};
 use crate::stats::FrameMatcher;
-use crate::stream::{connect, wait_readable, would_block, Connected};
+use crate::stream::{connect, flush_then_wait, wait_readable, would_block, Connected};
 
 /// Audio frame period.
 const FRAME: Duration = Duration::from_millis(80);
@@ -190,18 +191,7 @@ fn session(
             }
             until
         };
-        if unflushed {
-            match ws.flush() {
-                Ok(()) => unflushed = false,
-                Err(e) if would_block(&e) => {}
-                Err(e) => return Err(anyhow!("flushing: {e}")),
-            }
-        }
-        let mut wait = wake.saturating_duration_since(now);
-        if unflushed {
-            wait = wait.min(Duration::from_millis(1));
-        }
-        if !wait_readable(fd, wait)? {
+        if !flush_then_wait(&mut ws, fd, &mut unflushed, wake, now)? {
             continue;
         }
         loop {
@@ -210,11 +200,7 @@ fn session(
                     let arrival = ms(Instant::now());
                     match data.first() {
                         Some(&kind::AUDIO) => {
-                            let mut samples = 0;
-                            decoder.push_bytes(&data[1..])?;
-                            while let Some(pcm) = decoder.next_pcm()? {
-                                samples += pcm.len();
-                            }
+                            let samples = decode_audio(&mut decoder, &data[1..])?.len();
                             let before = matcher.latencies().len();
                             matcher.audio(samples, arrival);
                             for k in before..matcher.latencies().len() {

@@ -42,7 +42,6 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use crate::audio::{speech_like, EncodedAudio, Rng};
-use crate::daemon::Spawned;
 use caller::{Ending, Outcome, Plan};
 
 /// Sessions arriving and leaving at random for a long time; memory,
@@ -50,21 +49,8 @@ use caller::{Ending, Outcome, Plan};
 #[derive(Debug, Parser)]
 #[command(name = "moshid-loadgen soak")]
 pub struct SoakArgs {
-    /// Chat endpoint of a running daemon (ws://HOST:PORT/api/chat).
-    #[arg(long, required_unless_present = "spawn")]
-    url: Option<String>,
-    /// PID of that daemon (for /proc: RSS, descriptors, CPU).
-    #[arg(long)]
-    pid: Option<u32>,
-    /// Start this moshid binary (`serve --listen 127.0.0.1:0 SERVE_ARGS`).
-    #[arg(long, value_name = "MOSHID", conflicts_with_all = ["url", "pid"])]
-    spawn: Option<String>,
-    /// Arguments of `moshid serve` with --spawn, split on whitespace.
-    #[arg(long, allow_hyphen_values = true, default_value = "")]
-    serve_args: String,
-    /// Where the spawned daemon's stderr goes (default: discarded).
-    #[arg(long)]
-    daemon_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) target: crate::daemon::TargetArgs,
     /// Length of the run.
     #[arg(long, default_value_t = 24.0)]
     minutes: f64,
@@ -104,9 +90,6 @@ pub struct SoakArgs {
     /// Output folder (default: bench/reports/<UTC date>-soak/).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Seconds to wait for the spawned daemon to listen.
-    #[arg(long, default_value_t = 300.0)]
-    spawn_timeout: f64,
     /// Scheduling priority (nice) of the load generator, its autogroup and
     /// a spawned daemon, as for the ramp (0: unchanged).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
@@ -171,34 +154,8 @@ fn soak(args: SoakArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&(args.short + args.long)) || !(0.0..=1.0).contains(&args.abrupt) {
         bail!("--short + --long and --abrupt must be shares in [0, 1]");
     }
-    let serve_args: Vec<String> = args
-        .serve_args
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let spawned = match &args.spawn {
-        Some(binary) => {
-            let s = Spawned::start(
-                binary,
-                &serve_args,
-                args.daemon_log.as_deref(),
-                Duration::from_secs_f64(args.spawn_timeout),
-            )?;
-            eprintln!("daemon pid {} listening on {}", s.pid(), s.addr);
-            if args.nice != 0 {
-                crate::sys::favour_process(s.pid(), args.nice).context("--nice on the daemon")?;
-            }
-            Some(s)
-        }
-        None => None,
-    };
-    let url = match (&spawned, &args.url) {
-        (Some(s), _) => format!("ws://{}/api/chat", s.addr),
-        (None, Some(u)) => u.clone(),
-        (None, None) => bail!("give --url or --spawn"),
-    };
-    let pid = spawned.as_ref().map(Spawned::pid).or(args.pid);
-    let addr = crate::daemon::http_addr(&url)?;
+    let target = args.target.target(args.nice)?;
+    let (spawned, url, pid, addr) = (target.spawned, target.url, target.pid, target.addr);
     probe::http_body(addr, "/metrics").context("GET /metrics")?;
     if args.metrics_on_at != 0.0 {
         probe::switch_metrics(addr, false).context("switching stage metrics off at the start")?;
@@ -337,7 +294,7 @@ fn soak(args: SoakArgs) -> Result<()> {
     });
     let input = summary::Input {
         args: &args,
-        serve_args,
+        serve_args: args.target.serve_args_list(),
         url,
         pid,
         started_utc: stamp,

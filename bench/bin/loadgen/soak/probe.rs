@@ -6,53 +6,37 @@
 //! answers and closes); a failed read gives `None`, never a panic, so a
 //! stalled daemon shows as gaps in the timeline rather than ending the run.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
+use moshid_testkit::http::try_request;
 
 use crate::sys;
 
+/// Timeout of one scrape.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// `GET path` on `addr`: the body.
 pub fn http_body(addr: SocketAddr, path: &str) -> Result<String> {
-    let timeout = Duration::from_secs(5);
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("GET {path}: no response head"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(anyhow!("GET {path}: {}", head.lines().next().unwrap_or("")));
+    let r = try_request(addr, "GET", path, None, HTTP_TIMEOUT)?;
+    if r.status != 200 {
+        return Err(anyhow!(
+            "GET {path}: {}",
+            r.head.lines().next().unwrap_or("")
+        ));
     }
-    Ok(body.to_string())
+    Ok(r.body)
 }
 
 /// `POST /admin/metrics {"enabled": on}`.
 pub fn switch_metrics(addr: SocketAddr, on: bool) -> Result<()> {
-    let timeout = Duration::from_secs(5);
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
     let body = format!(r#"{{"enabled": {on}}}"#);
-    write!(
-        s,
-        "POST /admin/metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    if !raw.starts_with(b"HTTP/1.1 200") {
+    let r = try_request(addr, "POST", "/admin/metrics", Some(&body), HTTP_TIMEOUT)?;
+    if r.status != 200 {
         return Err(anyhow!(
             "POST /admin/metrics: {}",
-            String::from_utf8_lossy(&raw).lines().next().unwrap_or("")
+            r.head.lines().next().unwrap_or("")
         ));
     }
     Ok(())

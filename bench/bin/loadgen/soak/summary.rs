@@ -586,7 +586,7 @@ pub fn build(input: &Input<'_>) -> SoakReport {
         machine: input.machine.clone(),
         url: input.url.clone(),
         daemon_pid: input.pid,
-        spawned: args.spawn.clone(),
+        spawned: args.target.spawn.clone(),
         serve_args: input.serve_args.clone(),
         minutes_requested: args.minutes,
         nice: args.nice,

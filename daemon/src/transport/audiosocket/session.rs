@@ -36,6 +36,7 @@
 use crate::app::CoreApp;
 use crate::events::SessionState;
 use crate::io::pending::{Pending, PendingEnd};
+use crate::log_record::{LogLine, Record};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
@@ -302,11 +303,13 @@ async fn finish_early(
     }
     rec.log();
     let reason = rec.end_reason.as_ref().map_or("unknown", EndReason::label);
-    eprintln!(
-        "<6>audiosocket call end id={} peer={peer} uuid=- reason={reason} error_code={}",
-        rec.id,
-        code.map_or("-".to_string(), |c| format!("{c:#04x}"))
-    );
+    LogLine::new(Record::AudiosocketCallEnd)
+        .field("id", rec.id)
+        .field("peer", peer)
+        .field("uuid", "-")
+        .field("reason", reason)
+        .opt("error_code", code.map(|c| format!("{c:#04x}")))
+        .emit();
     crate::http::close_gracefully(io.stream, CLOSE_LINGER).await;
     rec
 }
@@ -518,25 +521,29 @@ impl Call {
             .as_ref()
             .map(|l| l.output.stats())
             .unwrap_or_default();
-        eprintln!(
-            "<6>audiosocket call end id={} peer={} uuid={} kind={kind:#04x} rate_hz={rate} audio_in={} packets_out={} silence_out={} skipped_out={} dropped_out={} dtmf={} digits={:?} peer_error={} reason={} error_code={}",
-            rec.id,
-            self.peer,
-            protocol::uuid_text(&self.uuid),
-            self.stats.audio_messages,
-            self.stats.packets_out,
-            self.stats.silence_out,
-            self.pacer.skipped(),
-            out.dropped,
-            self.stats.dtmf.count(),
-            self.stats.dtmf.digits(),
-            match self.stats.peer_error {
-                None => "-".to_string(),
-                Some(None) => "none".to_string(),
-                Some(Some(c)) => format!("{c:#04x}"),
-            },
-            reason.label(),
-            code.map_or("-".to_string(), |c| format!("{c:#04x}")),
-        );
+        LogLine::new(Record::AudiosocketCallEnd)
+            .field("id", rec.id)
+            .field("peer", self.peer)
+            .field("uuid", protocol::uuid_text(&self.uuid))
+            .field("kind", format_args!("{kind:#04x}"))
+            .field("rate_hz", rate)
+            .field("audio_in", self.stats.audio_messages)
+            .field("packets_out", self.stats.packets_out)
+            .field("silence_out", self.stats.silence_out)
+            .field("skipped_out", self.pacer.skipped())
+            .field("dropped_out", out.dropped)
+            .field("dtmf", self.stats.dtmf.count())
+            .quoted("digits", self.stats.dtmf.digits())
+            .field(
+                "peer_error",
+                match self.stats.peer_error {
+                    None => "-".to_string(),
+                    Some(None) => "none".to_string(),
+                    Some(Some(c)) => format!("{c:#04x}"),
+                },
+            )
+            .field("reason", reason.label())
+            .opt("error_code", code.map(|c| format!("{c:#04x}")))
+            .emit();
     }
 }

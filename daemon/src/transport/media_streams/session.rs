@@ -44,6 +44,7 @@ use crate::app::CoreApp;
 use crate::events::SessionState;
 use crate::io::conn::Conn;
 use crate::io::pending::{Pending, PendingEnd};
+use crate::log_record::{LogLine, Record};
 use crate::metrics::Stage;
 use crate::session::params::session_params;
 use crate::session::record::{EndReason, SessionRecord};
@@ -57,6 +58,7 @@ use async_tungstenite::WebSocketStream;
 use base64::Engine;
 use bytes::BytesMut;
 use futures_lite::StreamExt;
+use futures_util::SinkExt;
 use moshid_telephony::g711::Law;
 use moshid_telephony::media_streams::{self as events, BASE64};
 use std::collections::VecDeque;
@@ -367,8 +369,12 @@ impl Transport for Stream {
             })
             .await;
         } else if matches!(reason, EndReason::ClientClosed) {
-            // Complete the closing handshake (or close after `stop`).
+            // Complete the closing handshake (or close after `stop`):
+            // tungstenite queued the reply to the client's close frame and
+            // writes it on a flush (its `close` refuses to write once the
+            // peer has closed).
             let _ = glommio::timer::timeout(limit, async {
+                let _ = self.ws.flush().await;
                 let _ = self.ws.close(None).await;
                 Ok(())
             })
@@ -558,22 +564,21 @@ impl Stream {
     /// The end-of-stream log line.
     fn log_end(&self, rec: &SessionRecord, reason: &EndReason) {
         let out = self.output.stats();
-        eprintln!(
-            "<6>media stream end id={} stream_sid={} media_in={} other_tracks={} media_out={} dropped_out={} skipped_out={} marks={} clears={} cleared_packets={} dtmf={} digits={:?} reason={}",
-            rec.id,
-            self.sid,
-            self.stats.media_in,
-            self.stats.other_tracks,
-            self.stats.media_out,
-            out.dropped,
-            self.pacer.skipped(),
-            self.stats.marks,
-            self.stats.clears,
-            self.stats.cleared_packets,
-            self.stats.dtmf.count(),
-            self.stats.dtmf.digits(),
-            reason.label(),
-        );
+        LogLine::new(Record::MediaStreamEnd)
+            .field("id", rec.id)
+            .field("stream_sid", &self.sid)
+            .field("media_in", self.stats.media_in)
+            .field("other_tracks", self.stats.other_tracks)
+            .field("media_out", self.stats.media_out)
+            .field("dropped_out", out.dropped)
+            .field("skipped_out", self.pacer.skipped())
+            .field("marks", self.stats.marks)
+            .field("clears", self.stats.clears)
+            .field("cleared_packets", self.stats.cleared_packets)
+            .field("dtmf", self.stats.dtmf.count())
+            .quoted("digits", self.stats.dtmf.digits())
+            .field("reason", reason.label())
+            .emit();
     }
 }
 
@@ -599,12 +604,12 @@ async fn finish_early(
         let _ = ws.close(None).await;
     }
     rec.log();
-    eprintln!(
-        "<6>media stream end id={} stream_sid={} media_in=0 reason={}",
-        rec.id,
-        sid.unwrap_or("-"),
-        reason.label()
-    );
+    LogLine::new(Record::MediaStreamEnd)
+        .field("id", rec.id)
+        .field("stream_sid", sid.unwrap_or("-"))
+        .field("media_in", 0)
+        .field("reason", reason.label())
+        .emit();
     rec
 }
 

@@ -41,6 +41,7 @@ use crate::engine::admission::Ticket;
 use crate::engine::records::{FromEngine, FromEngineKind};
 use crate::events::{EventSink, SessionState};
 use crate::io::mailbox::Mailbox;
+use crate::log_record::{LogLine, Record};
 use crate::metrics::Stage;
 use crate::session::record::{EndReason, SessionRecord};
 use crate::{FRAME_MS, FRAME_SAMPLES};
@@ -491,14 +492,13 @@ impl Session {
             payload_type: spec.payload_type,
             remote: self.spec.remote.map(|r| r.to_string()),
         });
-        eprintln!(
-            "<6>rtp session media id={} codec={} pt={} ptime_ms={} remote={}",
-            self.handle.id,
-            spec.codec.name(),
-            spec.payload_type,
-            spec.ptime_ms,
-            self.spec.remote.map_or("-".to_string(), |r| r.to_string())
-        );
+        LogLine::new(Record::RtpSessionMedia)
+            .field("id", &self.handle.id)
+            .field("codec", spec.codec.name())
+            .field("pt", spec.payload_type)
+            .field("ptime_ms", spec.ptime_ms)
+            .opt("remote", self.spec.remote)
+            .emit();
     }
 
     /// Sends the packets due since `due` (at most a few; further packet
@@ -736,23 +736,22 @@ impl Session {
         self.registry.remove(&self.handle.id);
         self.app.ctx.end_session(self.ticket);
         self.rec.log();
-        eprintln!(
-            "<6>rtp session end id={} codec={} received={} wrong_payload_type={} lost={} late={} duplicate={} reordered={} concealed_ms={} hijack_attempts={} dtmf_events={} release_ticks={} frames_to_engine={} packets_sent={}",
-            self.handle.id,
-            self.spec.codec.name(),
-            c.received,
-            c.wrong_payload_type,
-            c.lost,
-            c.late,
-            c.duplicate,
-            c.reordered,
-            c.concealed_ms,
-            c.hijack_attempts,
-            c.dtmf_events,
-            c.release_ticks,
-            c.frames_to_engine,
-            c.packets_sent
-        );
+        LogLine::new(Record::RtpSessionEnd)
+            .field("id", &self.handle.id)
+            .field("codec", self.spec.codec.name())
+            .field("received", c.received)
+            .field("wrong_payload_type", c.wrong_payload_type)
+            .field("lost", c.lost)
+            .field("late", c.late)
+            .field("duplicate", c.duplicate)
+            .field("reordered", c.reordered)
+            .field("concealed_ms", c.concealed_ms)
+            .field("hijack_attempts", c.hijack_attempts)
+            .field("dtmf_events", c.dtmf_events)
+            .field("release_ticks", c.release_ticks)
+            .field("frames_to_engine", c.frames_to_engine)
+            .field("packets_sent", c.packets_sent)
+            .emit();
     }
 }
 

@@ -23,6 +23,7 @@ use crate::events::webhook::WebhookUrl;
 use crate::events::EventSink;
 use crate::events::SessionState;
 use crate::io::mailbox::Mailbox;
+use crate::log_record::{LogLine, Record};
 use crate::session::record::{EndReason, SessionRecord};
 use crate::transport::session::{admit, Admitted};
 use glommio::net::UdpSocket;
@@ -248,14 +249,16 @@ pub fn launch(
         rec.log();
         return Err(limit(max));
     }
-    eprintln!(
-        "<6>rtp session start id={id} transport={transport} codec={} pt={} ptime_ms={} port={port} remote={} core={}",
-        spec.codec.name(),
-        spec.payload_type,
-        spec.ptime_ms,
-        spec.remote.map_or("-".to_string(), |r| r.to_string()),
-        app.ctx.core
-    );
+    LogLine::new(Record::RtpSessionStart)
+        .field("id", &id)
+        .field("transport", transport)
+        .field("codec", spec.codec.name())
+        .field("pt", spec.payload_type)
+        .field("ptime_ms", spec.ptime_ms)
+        .field("port", port)
+        .opt("remote", spec.remote)
+        .field("core", app.ctx.core)
+        .emit();
     let new = NewSession {
         handle: handle.clone(),
         socket,

@@ -16,6 +16,7 @@
 //! `sip_connection_closed`: moshid opens no connections, so it could
 //! neither hang up nor hear a BYE) take it out; whatever ends it, its RTP session is asked to stop.
 
+use crate::log_record::{LogLine, Record};
 use crate::transport::rtp::state::SessionHandle;
 use moshid_telephony::sip::peer::{Peer, Transport};
 use moshid_telephony::sip::sdp::{Choice, Offer};
@@ -117,6 +118,27 @@ impl Call {
         match self.peer.transport {
             Transport::Udp | Transport::UdpOut => format!("Contact: <sip:moshid@{local}>"),
             Transport::Tcp => format!("Contact: <sip:moshid@{local};transport=tcp>"),
+        }
+    }
+
+    /// The call's start record: `from` is the peer's SIP address, `caller`
+    /// who authenticated (an inbound call), `outbound` a call moshid placed.
+    pub fn log_start(&self, from: Peer, caller: Option<&str>, outbound: bool) {
+        let line = LogLine::new(Record::SipCallStart)
+            .field("call_id", &self.call_id)
+            .field("session", &self.session.id)
+            .field("from", from)
+            .field("codec", self.choice.codec.name())
+            .field("pt", self.choice.pt)
+            .opt("dtmf_pt", self.choice.dtmf_pt)
+            .field("ptime_ms", self.choice.ptime_ms)
+            .field("rtp", self.media)
+            .opt("remote_rtp", self.offer.remote)
+            .field("caller", caller.unwrap_or("-"));
+        if outbound {
+            line.field("direction", "outbound").emit();
+        } else {
+            line.emit();
         }
     }
 

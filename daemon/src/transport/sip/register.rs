@@ -23,6 +23,7 @@ use super::endpoint::Endpoint;
 use super::status::{RegistrationStatus, SipShared};
 use crate::app::CoreApp;
 use crate::config::sip::SipRegistrationConfig;
+use crate::log_record::{LogLine, Record};
 use moshid_telephony::sip::build::{self, InDialog};
 use moshid_telephony::sip::message::Message;
 use moshid_telephony::sip::peer::Peer;
@@ -154,10 +155,11 @@ impl Endpoint {
                 r.phase = Phase::Idle { at: now + retry };
                 r.status.failed(None, &why);
                 self.counters.registration_failures += 1;
-                eprintln!(
-                    "<4>sip register failed registrar={} aor={} reason={why}",
-                    r.cfg.registrar, r.cfg.aor
-                );
+                LogLine::new(Record::SipRegisterFailed)
+                    .field("registrar", &r.cfg.registrar)
+                    .field("aor", &r.cfg.aor)
+                    .field("reason", &why)
+                    .emit();
             }
         }
     }
@@ -234,12 +236,12 @@ impl Endpoint {
         r.answered_challenge = false;
         r.status.failed(code, why);
         self.counters.registration_failures += 1;
-        eprintln!(
-            "<4>sip register failed registrar={} aor={} status={} reason={why}",
-            r.cfg.registrar,
-            r.cfg.aor,
-            code.map_or("-".into(), |c| c.to_string())
-        );
+        LogLine::new(Record::SipRegisterFailed)
+            .field("registrar", &r.cfg.registrar)
+            .field("aor", &r.cfg.aor)
+            .opt("status", code)
+            .field("reason", why)
+            .emit();
     }
 
     /// A response to a REGISTER.
@@ -271,10 +273,11 @@ impl Endpoint {
                 r.status.registered(granted);
                 self.counters.registered += 1;
                 if first {
-                    eprintln!(
-                        "<6>sip registered registrar={} aor={} expires_s={granted}",
-                        r.cfg.registrar, r.cfg.aor
-                    );
+                    LogLine::new(Record::SipRegistered)
+                        .field("registrar", &r.cfg.registrar)
+                        .field("aor", &r.cfg.aor)
+                        .field("expires_s", granted)
+                        .emit();
                 }
             }
             401 | 407 => {

@@ -32,6 +32,7 @@ use crate::app::CoreApp;
 use crate::io::accept::ConnTable;
 use crate::io::accept_pace::AcceptPace;
 use crate::io::pending::{Pending, PendingEnd};
+use crate::log_record::{LogLine, Record};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver};
 use glommio::net::{TcpListener, TcpStream};
@@ -147,11 +148,11 @@ async fn connection(
     // have this remote address, so the table entry and the calls are ours.
     wire.disconnected(addr).await;
     let _ = conn.stream.close().await;
-    eprintln!(
-        "<7>sip tcp close peer={addr} reason={} messages={}",
-        end.name(),
-        conn.messages
-    );
+    LogLine::new(Record::SipTcpClose)
+        .field("peer", addr)
+        .field("reason", end.name())
+        .field("messages", conn.messages)
+        .emit();
 }
 
 struct Conn {

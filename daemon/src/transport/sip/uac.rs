@@ -36,6 +36,7 @@ use super::client_auth::{self, Challenge};
 use super::endpoint::Endpoint;
 use super::status::OutboundCall;
 use crate::events::webhook::WebhookUrl;
+use crate::log_record::{LogLine, Record};
 use crate::session::record::EndReason;
 use crate::transport::rtp::media::MediaPath;
 use crate::transport::rtp::start::{self, Reservation, StartError, Started};
@@ -222,10 +223,13 @@ impl Endpoint {
             cancel_wanted: None,
         };
         self.send_invite(&mut o, &call_id, None, now);
-        eprintln!(
-            "<6>sip call placed id={id} call_id={call_id} to={} target={} rtp={media}",
-            req.to, req.target
-        );
+        LogLine::new(Record::SipCallPlaced)
+            .field("id", &id)
+            .field("call_id", &call_id)
+            .field("to", &req.to)
+            .field("target", req.target)
+            .field("rtp", media)
+            .emit();
         self.counters.placed += 1;
         self.outgoing.insert(call_id, o);
         Ok(status)
@@ -304,13 +308,13 @@ impl Endpoint {
         let keep = self.app.shared.config.sip.outbound.keep_ended;
         self.sip.calls.retire(&o.status.id, keep);
         self.counters.placed_failed += 1;
-        eprintln!(
-            "<6>sip call failed id={} call_id={} to={} status={} reason={why}",
-            o.status.id,
-            o.status.call_id,
-            o.request_uri,
-            code.map_or("-".into(), |c| c.to_string())
-        );
+        LogLine::new(Record::SipCallFailed)
+            .field("id", &o.status.id)
+            .field("call_id", &o.status.call_id)
+            .field("to", &o.request_uri)
+            .opt("status", code)
+            .field("reason", why)
+            .emit();
     }
 
     /// A response whose CSeq method is INVITE or CANCEL, from `src`.
@@ -588,7 +592,7 @@ impl Endpoint {
             state: CallState::Confirmed,
             started: now,
         };
-        log_placed_start(&call);
+        call.log_start(call.peer, None, true);
         let ck = Call::key(call_id, &o.local_tag);
         self.calls.insert(ck.clone(), call);
         if o.cancel_wanted.is_some() || o.status.hang_up_requested() {
@@ -696,20 +700,4 @@ impl Endpoint {
         }
         done
     }
-}
-
-/// A placed call's start in the log.
-fn log_placed_start(call: &Call) {
-    eprintln!(
-        "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller=- direction=outbound",
-        call.call_id,
-        call.session.id,
-        call.peer,
-        call.choice.codec.name(),
-        call.choice.pt,
-        call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
-        call.choice.ptime_ms,
-        call.media,
-        call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
-    );
 }

@@ -483,12 +483,28 @@ impl Device for CudaDevice {
 mod tests {
     use super::*;
 
+    /// Opening says why it cannot, never panics, and its answer matches
+    /// the machine: the NVIDIA kernel driver (`/proc/driver/nvidia`, there
+    /// whenever a GPU is usable, in a container too) is the witness, found
+    /// without the CUDA libraries. Without it: no libcuda (`NoDriver`), or
+    /// a libcuda that names the call that failed; with it: the device opens.
     #[test]
     fn no_driver_is_an_error_not_a_panic() {
-        match CudaDevice::open(0, &CudaOpenOptions::default()) {
-            Err(DeviceError::NoDriver) => {}
-            Ok(d) => eprintln!("skipped: a GPU is present here ({})", d.name()),
-            Err(e) => eprintln!("skipped: a driver is present but the device did not open: {e}"),
+        let kernel_driver = std::path::Path::new("/proc/driver/nvidia/version").exists();
+        match (
+            kernel_driver,
+            CudaDevice::open(0, &CudaOpenOptions::default()),
+        ) {
+            (false, Err(DeviceError::NoDriver)) => {}
+            (false, Err(DeviceError::Call { call, why })) => {
+                assert!(!call.is_empty() && !why.is_empty(), "{call}: {why}")
+            }
+            (false, Err(e)) => panic!("without a GPU, an error other than the driver's: {e}"),
+            (false, Ok(d)) => panic!("{} opened without the NVIDIA kernel driver", d.name()),
+            (true, Ok(d)) => assert!(!d.name().is_empty(), "a device without a name"),
+            (true, Err(e)) => {
+                panic!("the NVIDIA kernel driver is loaded but device 0 did not open: {e}")
+            }
         }
     }
 

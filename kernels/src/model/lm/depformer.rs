@@ -7,12 +7,17 @@
 //! frame, the head `linears[k]` (after `depformer_norms[k]` when the config
 //! has a `depformer_norm`), then sampling into codebook `k`.
 //!
+//! The projections go through proj.rs (for few rows one launch each, the
+//! head's cast to bf16 inside it) and the stack's attention is one launch
+//! per layer (short_attn.cu).
+//!
 //! Invariants: the per-frame KV cache has one row per batch row and is
 //! rewritten from position 0 every frame (never reset); every launch
 //! depends only on the bucket's row count and fixed pointers (capturable).
 
-use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
+use super::proj::{project, ProjIn};
 use super::stack::{Stack, StackScratch};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases};
@@ -150,7 +155,8 @@ impl Depformer {
             kv,
             max_rows,
             StackPhases::DEPFORMER,
-        )?;
+        )?
+        .with_short_attention();
         let mut norms = Vec::new();
         if let Some(kind) = cfg.depformer.norm {
             for k in 0..cfg.dep_q {
@@ -219,116 +225,24 @@ impl Depformer {
         sc: &StackScratch,
         force: (&TokenCache, &TokenCacheShape),
     ) -> DeviceResult<()> {
-        let (d, act) = (self.dim, self.act);
+        let act = self.act;
         for (step, &row_info) in dep_rows.iter().enumerate().take(self.dep_q) {
-            dev.phase(Phase::DepGemm);
-            linear(
+            project(
                 dev,
-                tout,
+                k,
+                StackPhases::DEPFORMER.into(),
+                ProjIn::Act(tout),
                 act,
                 rows,
                 &self.depformer_in[self.in_index[step]],
                 self.x,
-                DType::F32,
                 false,
+                tout,
             )?;
-            let (emb, tokens, stride) = if step == 0 {
-                (&self.text_emb, text, 1)
-            } else {
-                (
-                    &self.emb[step - 1],
-                    audio + 4 * (step as u64 - 1),
-                    self.dep_q,
-                )
-            };
-            dev.phase(Phase::DepSmall);
-            match &emb.low_rank {
-                None => k.embed.add_rows(
-                    dev,
-                    act,
-                    self.x,
-                    emb.table.ptr,
-                    row_info,
-                    rows,
-                    tokens,
-                    stride,
-                    d,
-                )?,
-                Some(proj) => {
-                    k.embed.gather_rows(
-                        dev,
-                        act,
-                        self.low_rank_tmp,
-                        emb.table.ptr,
-                        row_info,
-                        rows,
-                        tokens,
-                        stride,
-                        emb.table.cols,
-                    )?;
-                    dev.phase(Phase::DepGemm);
-                    linear(
-                        dev,
-                        self.low_rank_tmp,
-                        act,
-                        rows,
-                        proj,
-                        self.x,
-                        DType::F32,
-                        true,
-                    )?;
-                }
-            }
+            self.add_embedding(dev, k, step, rows, row_info, text, audio)?;
             self.stack
                 .forward(dev, k, self.set_index[step], rows, self.x, row_info, sc)?;
-            dev.phase(Phase::DepSmall);
-            let head_in = match (self.norms.get(step), act) {
-                (Some(n), _) if n.kind.is_layer_norm() => {
-                    k.norm.layer_norm_to(
-                        dev,
-                        self.x,
-                        n.weight,
-                        n.bias,
-                        n.kind.eps(),
-                        d,
-                        row_info,
-                        rows,
-                        self.x_act,
-                        act,
-                    )?;
-                    self.x_act
-                }
-                (Some(n), _) => {
-                    k.norm.rms_norm(
-                        dev,
-                        self.x,
-                        n.weight,
-                        n.kind.eps(),
-                        d,
-                        row_info,
-                        rows,
-                        self.x_act,
-                        act,
-                    )?;
-                    self.x_act
-                }
-                (None, DType::F32) => self.x,
-                (None, DType::Bf16) => {
-                    k.ew.to_bf16(dev, self.x, self.x_act, rows * d)?;
-                    self.x_act
-                }
-            };
-            dev.phase(Phase::DepGemm);
-            linear(
-                dev,
-                head_in,
-                act,
-                rows,
-                &self.linears[step],
-                self.logits,
-                DType::F32,
-                false,
-            )?;
+            self.head(dev, k, step, rows, row_info)?;
             dev.phase(Phase::DepSample);
             k.sample.sample(
                 dev,
@@ -356,5 +270,122 @@ impl Depformer {
             )?;
         }
         Ok(())
+    }
+
+    /// Adds step `step`'s embedding of the previous token (the text token
+    /// for step 0, else codebook `step - 1`) into `self.x`, through the
+    /// low-rank projection when the checkpoint has one.
+    #[allow(clippy::too_many_arguments)]
+    fn add_embedding<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        step: usize,
+        rows: usize,
+        row_info: DevPtr,
+        text: DevPtr,
+        audio: DevPtr,
+    ) -> DeviceResult<()> {
+        let (d, act) = (self.dim, self.act);
+        let (emb, tokens, stride) = if step == 0 {
+            (&self.text_emb, text, 1)
+        } else {
+            (
+                &self.emb[step - 1],
+                audio + 4 * (step as u64 - 1),
+                self.dep_q,
+            )
+        };
+        dev.phase(Phase::DepSmall);
+        match &emb.low_rank {
+            None => k.embed.add_rows(
+                dev,
+                act,
+                self.x,
+                emb.table.ptr,
+                row_info,
+                rows,
+                tokens,
+                stride,
+                d,
+            )?,
+            Some(proj) => {
+                k.embed.gather_rows(
+                    dev,
+                    act,
+                    self.low_rank_tmp,
+                    emb.table.ptr,
+                    row_info,
+                    rows,
+                    tokens,
+                    stride,
+                    emb.table.cols,
+                )?;
+                project(
+                    dev,
+                    k,
+                    StackPhases::DEPFORMER.into(),
+                    ProjIn::Act(self.low_rank_tmp),
+                    act,
+                    rows,
+                    proj,
+                    self.x,
+                    true,
+                    self.low_rank_tmp,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step `step`'s head: `self.logits` = head(norm(`self.x`)), the norm
+    /// fused into the projection when it is an RMS norm (or the bf16 cast
+    /// when there is none).
+    fn head<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        step: usize,
+        rows: usize,
+        row_info: DevPtr,
+    ) -> DeviceResult<()> {
+        let (d, act) = (self.dim, self.act);
+        dev.phase(Phase::DepSmall);
+        let head_in = match self.norms.get(step) {
+            Some(n) if n.kind.is_layer_norm() => {
+                k.norm.layer_norm_to(
+                    dev,
+                    self.x,
+                    n.weight,
+                    n.bias,
+                    n.kind.eps(),
+                    d,
+                    row_info,
+                    rows,
+                    self.x_act,
+                    act,
+                )?;
+                ProjIn::Act(self.x_act)
+            }
+            Some(n) => ProjIn::Rms {
+                x: self.x,
+                alpha: n.weight,
+                eps: n.kind.eps(),
+                rows: row_info,
+            },
+            None => ProjIn::Cast(self.x),
+        };
+        project(
+            dev,
+            k,
+            StackPhases::DEPFORMER.into(),
+            head_in,
+            act,
+            rows,
+            &self.linears[step],
+            self.logits,
+            false,
+            self.x_act,
+        )
     }
 }

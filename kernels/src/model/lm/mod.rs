@@ -23,17 +23,20 @@
 
 mod depformer;
 pub mod prefill;
+mod proj;
 mod stack;
 
-use super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::GpuError;
 use crate::device::as_bytes;
 use crate::device::{DType, DevPtr, Device, DeviceResult, Phase, StackPhases, NULL};
 use crate::ops::attention::{AttnKernels, KvType};
 use crate::ops::elementwise::EwKernels;
 use crate::ops::embed::{EmbedKernels, TokenCache, TokenCacheShape};
+use crate::ops::gemv::GemvKernels;
 use crate::ops::norm::NormKernels;
 use crate::ops::sampling::{SampleArgs, SampleKernels};
+use crate::ops::short_attn::ShortAttnKernels;
 use crate::ops::text_rules::{TextRulesKernels, TextRulesParams, TextRulesState};
 use crate::ops::types::SlotParams;
 use depformer::Depformer;
@@ -54,6 +57,10 @@ pub struct LmKernels {
     pub embed: EmbedKernels,
     /// Sampling.
     pub sample: SampleKernels,
+    /// Few-row projections with their input's operation fused.
+    pub gemv: GemvKernels,
+    /// The depformer's one-launch attention.
+    pub short: ShortAttnKernels,
     /// Kyutai's text rules.
     pub rules: TextRulesKernels,
 }
@@ -67,6 +74,8 @@ impl LmKernels {
             ew: EwKernels::resolve(dev)?,
             embed: EmbedKernels::resolve(dev)?,
             sample: SampleKernels::resolve(dev)?,
+            gemv: GemvKernels::resolve(dev)?,
+            short: ShortAttnKernels::resolve(dev)?,
             rules: TextRulesKernels::resolve(dev)?,
         })
     }
@@ -470,16 +479,17 @@ impl GpuLm {
             self.tout,
             act,
         )?;
-        dev.phase(Phase::LmHead);
-        linear(
+        proj::project(
             dev,
-            self.tout,
+            k,
+            proj::ProjPhases::TEXT_HEAD,
+            proj::ProjIn::Act(self.tout),
             act,
             rows,
             &self.text_linear,
             self.text_logits,
-            DType::F32,
             false,
+            self.tout,
         )?;
         let text_args = SampleArgs {
             logits: self.text_logits,
@@ -493,29 +503,7 @@ impl GpuLm {
             out: self.text,
             out_stride: 1,
         };
-        dev.phase(Phase::LmSample);
-        k.rules.apply(
-            dev,
-            &self.rules,
-            io.steps,
-            bucket,
-            self.text_logits,
-            cfg.text_card,
-            cfg.text_card,
-        )?;
-        k.sample.sample(dev, &text_args)?;
-        k.embed.force(
-            dev,
-            &self.tc,
-            &self.tc_shape,
-            io.steps,
-            bucket,
-            0,
-            self.text,
-            1,
-        )?;
-        k.rules
-            .push(dev, &self.rules, io.steps, bucket, self.text)?;
+        self.sample_text(dev, k, bucket, io, &text_args)?;
         self.depformer.run(
             dev,
             k,
@@ -540,5 +528,40 @@ impl GpuLm {
             io.out,
             io.ready,
         )
+    }
+
+    /// The text token of each slot-step from the text logits: Kyutai's text
+    /// rules on the logits, sampling, PersonaPlex's forced text entries,
+    /// then the rules' history.
+    fn sample_text<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        bucket: usize,
+        io: &LmStepIo,
+        args: &SampleArgs,
+    ) -> DeviceResult<()> {
+        dev.phase(Phase::LmSample);
+        k.rules.apply(
+            dev,
+            &self.rules,
+            io.steps,
+            bucket,
+            self.text_logits,
+            self.cfg.text_card,
+            self.cfg.text_card,
+        )?;
+        k.sample.sample(dev, args)?;
+        k.embed.force(
+            dev,
+            &self.tc,
+            &self.tc_shape,
+            io.steps,
+            bucket,
+            0,
+            self.text,
+            1,
+        )?;
+        k.rules.push(dev, &self.rules, io.steps, bucket, self.text)
     }
 }

@@ -5,6 +5,12 @@
 //! key/value head `h / kv_repeat`) → out-projection added into the residual
 //! → RMSNorm → gated feed-forward added into the residual.
 //!
+//! The norms and the gate run inside the projections that read them
+//! (proj.rs: one launch for few rows), and a stack made with
+//! [`Stack::with_short_attention`] (the depformer: a window of a few
+//! positions, one new position per row and call) does RoPE, KV write and
+//! attention in one launch (short_attn.cu).
+//!
 //! Invariants: every GEMM runs once over all rows of the call (masked rows
 //! are zero rows: the norms write zeros for inactive `RowInfo`s and the
 //! embeddings do too, so they stay zero and finite); attention reads only
@@ -13,11 +19,13 @@
 //! are in the model's precision (bf16, or f32 for the exact reference mode);
 //! the residual stream, norms and softmax are f32.
 
-use super::super::tensor::{linear, scratch, DevTensor, Init, WeightLoader};
+use super::super::tensor::{scratch, DevTensor, Init, WeightLoader};
 use super::super::GpuError;
+use super::proj::{project, ProjIn};
 use super::LmKernels;
 use crate::device::{DType, DevPtr, Device, DeviceResult, StackPhases, NULL};
 use crate::ops::attention::{attn_partial_floats, attn_splits, AttnShape, KvType};
+use crate::ops::short_attn::ShortAttnKernels;
 pub use moshid_model::lm::StackShape;
 
 struct SetWeights {
@@ -74,6 +82,8 @@ pub struct Stack {
     kv: KvType,
     act: DType,
     kv_bytes: usize,
+    /// RoPE, KV write and attention in one launch (short_attn.cu).
+    short: bool,
     /// The profile's phases of this stack's calls.
     phases: StackPhases,
     /// The device's multiprocessors (the attention's splits).
@@ -185,10 +195,21 @@ impl Stack {
             freqs,
             kv,
             act,
+            short: false,
             phases,
             sms,
             partial,
         })
+    }
+
+    /// The same stack with its attention in one launch per layer, for a
+    /// stack whose calls write one position per row and attend over at
+    /// most [`SA_MAX_KEYS`](crate::ops::short_attn::SA_MAX_KEYS) of them
+    /// (the depformer); unchanged when the kernel does not take its shape.
+    pub fn with_short_attention(mut self) -> Self {
+        let s = attn_shape(&self.shape, 1);
+        self.short = ShortAttnKernels::takes(&s, self.kv);
+        self
     }
 
     /// The shape.
@@ -258,51 +279,75 @@ impl Stack {
         sc: &StackScratch,
     ) -> DeviceResult<()> {
         let sh = &self.shape;
-        let (d, hid, act) = (sh.dim, sh.hidden, self.act);
         let attn_shape = attn_shape(sh, rows);
         let splits = attn_splits(&attn_shape, sh.context, self.sms);
         let ph = self.phases;
         for layer in &self.layers {
             let w = &layer.sets[set];
-            dev.phase(ph.small);
-            k.norm
-                .rms_norm(dev, x, layer.norm1, sh.eps, d, row_info, rows, sc.h, act)?;
-            dev.phase(ph.gemm);
-            linear(dev, sc.h, act, rows, &w.in_proj, sc.qkv, DType::F32, false)?;
+            let norm = |alpha| ProjIn::Rms {
+                x,
+                alpha,
+                eps: sh.eps,
+                rows: row_info,
+            };
+            let proj = |dev: &mut D, input: ProjIn, w: &DevTensor, y, accumulate, staging| {
+                project(
+                    dev,
+                    k,
+                    ph.into(),
+                    input,
+                    self.act,
+                    rows,
+                    w,
+                    y,
+                    accumulate,
+                    staging,
+                )
+            };
+            proj(dev, norm(layer.norm1), &w.in_proj, sc.qkv, false, sc.h)?;
             dev.phase(ph.attn);
-            k.attn.rope_kv_write(
-                dev,
-                self.kv,
-                sc.qkv,
-                self.freqs,
-                row_info,
-                layer.k_cache,
-                layer.v_cache,
-                &attn_shape,
-            )?;
-            k.attn.attend_split(
-                dev,
-                self.kv,
-                act,
-                sc.qkv,
-                (layer.k_cache, layer.v_cache, row_info),
-                &attn_shape,
-                (splits, self.partial),
-                sc.attn,
-            )?;
-            dev.phase(ph.gemm);
-            linear(dev, sc.attn, act, rows, &w.out_proj, x, DType::F32, true)?;
-            dev.phase(ph.small);
-            k.norm
-                .rms_norm(dev, x, layer.norm2, sh.eps, d, row_info, rows, sc.h, act)?;
-            dev.phase(ph.gemm);
-            linear(dev, sc.h, act, rows, &w.ff_in, sc.ff, DType::F32, false)?;
-            dev.phase(ph.small);
-            k.ew.silu_gate(dev, sc.ff, hid, rows, sc.act, act)?;
-            dev.phase(ph.gemm);
-            linear(dev, sc.act, act, rows, &w.ff_out, x, DType::F32, true)?;
+            self.attention(dev, k, layer, row_info, &attn_shape, splits, sc)?;
+            proj(dev, ProjIn::Act(sc.attn), &w.out_proj, x, true, sc.h)?;
+            proj(dev, norm(layer.norm2), &w.ff_in, sc.ff, false, sc.h)?;
+            proj(dev, ProjIn::Silu(sc.ff), &w.ff_out, x, true, sc.act)?;
         }
         Ok(())
+    }
+
+    /// One layer's RoPE, KV write and attention of `sc.qkv` into `sc.attn`:
+    /// one short_attn launch for a stack made with
+    /// [`Stack::with_short_attention`], else the KV write and the split
+    /// attention (`splits` blocks a row, partials in `self.partial`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention<D: Device + ?Sized>(
+        &self,
+        dev: &mut D,
+        k: &LmKernels,
+        layer: &Layer,
+        row_info: DevPtr,
+        attn_shape: &AttnShape,
+        splits: usize,
+        sc: &StackScratch,
+    ) -> DeviceResult<()> {
+        let caches = (layer.k_cache, layer.v_cache);
+        if self.short {
+            return k.short.attend(
+                dev, self.kv, sc.qkv, self.freqs, row_info, caches.0, caches.1, attn_shape, sc.attn,
+            );
+        }
+        k.attn.rope_kv_write(
+            dev, self.kv, sc.qkv, self.freqs, row_info, caches.0, caches.1, attn_shape,
+        )?;
+        k.attn.attend_split(
+            dev,
+            self.kv,
+            self.act,
+            sc.qkv,
+            (caches.0, caches.1, row_info),
+            attn_shape,
+            (splits, self.partial),
+            sc.attn,
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 //! from that call's peer; a call removed here always stops its RTP session.
 
 use super::{cfg, warning, Endpoint};
+use crate::log_record::{LogLine, Record};
 use crate::transport::rtp::media::MediaPath;
 use crate::transport::sip::call::{Call, CallState};
 use moshid_telephony::sip::build::{self, ALLOW};
@@ -110,15 +111,14 @@ impl Endpoint {
         call.sdp_version += 1;
         call.choice = choice;
         call.answer = sdp::write_answer(&offer, &choice, call.media, call.sdp_id, call.sdp_version);
-        eprintln!(
-            "<6>sip call reinvite call_id={} session={} direction={} codec={} pt={} remote_rtp={}",
-            call.call_id,
-            call.session.id,
-            offer.direction.answer(),
-            choice.codec.name(),
-            choice.pt,
-            offer.remote.map_or("-".to_string(), |r| r.to_string())
-        );
+        LogLine::new(Record::SipCallReinvite)
+            .field("call_id", &call.call_id)
+            .field("session", &call.session.id)
+            .field("direction", offer.direction.answer())
+            .field("codec", choice.codec.name())
+            .field("pt", choice.pt)
+            .opt("remote_rtp", offer.remote)
+            .emit();
         call.offer = offer;
         let (tag, sdp) = (call.local_tag.clone(), call.answer.clone());
         let extra = [call.contact(), format!("Allow: {ALLOW}")];
@@ -232,12 +232,15 @@ impl Endpoint {
                 let keep = cfg(&self.app).outbound.keep_ended;
                 self.sip.calls.retire(&status.id, keep);
             }
-            eprintln!(
-                "<6>sip call end call_id={} session={} reason={why} seconds={:.1}",
-                call.call_id,
-                call.session.id,
-                call.started.elapsed().as_secs_f64()
-            );
+            LogLine::new(Record::SipCallEnd)
+                .field("call_id", &call.call_id)
+                .field("session", &call.session.id)
+                .field("reason", why)
+                .field(
+                    "seconds",
+                    format_args!("{:.1}", call.started.elapsed().as_secs_f64()),
+                )
+                .emit();
         }
     }
 }

@@ -76,7 +76,7 @@ impl Endpoint {
         if let Some(tx) = self.txs.get_mut(key) {
             tx.call = Some(ck.clone());
         }
-        log_call_start(&call, src, caller.as_deref());
+        call.log_start(src, caller.as_deref(), false);
         let (contact, local_tag) = (call.contact(), call.local_tag.clone());
         self.calls.insert(ck.clone(), call);
         self.respond(&req, key, src, 180, Some(&local_tag), &[contact], None, now);
@@ -282,21 +282,4 @@ impl Endpoint {
             };
         }
     }
-}
-
-/// The call's start in the log.
-fn log_call_start(call: &Call, src: Peer, caller: Option<&str>) {
-    eprintln!(
-        "<6>sip call start call_id={} session={} from={} codec={} pt={} dtmf_pt={} ptime_ms={} rtp={} remote_rtp={} caller={}",
-        call.call_id,
-        call.session.id,
-        src,
-        call.choice.codec.name(),
-        call.choice.pt,
-        call.choice.dtmf_pt.map_or("-".to_string(), |p| p.to_string()),
-        call.choice.ptime_ms,
-        call.media,
-        call.offer.remote.map_or("-".to_string(), |r| r.to_string()),
-        caller.unwrap_or("-")
-    );
 }

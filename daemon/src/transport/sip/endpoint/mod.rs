@@ -46,6 +46,7 @@ use super::status::SipShared;
 use crate::app::CoreApp;
 use crate::config::sip::SipConfig;
 use crate::io::log_gate::LogGate;
+use crate::log_record::{LogLine, Record};
 use crate::metrics::sip::SipCounters;
 use crate::transport::rtp::state::{Registry, SessionState};
 use moshid_telephony::sip::build::{self, Ids, ALLOW};
@@ -162,10 +163,13 @@ impl Endpoint {
 
     fn log_refusal(&self, src: Peer, why: &str) {
         if self.log_gate.due(Instant::now()) {
-            eprintln!(
-                "<5>sip: refused a message from {src}: {why} (malformed so far: {}, not SIP: {}, challenged: {})",
-                self.counters.malformed, self.counters.not_sip, self.counters.challenged
-            );
+            LogLine::new(Record::SipRequestRefused)
+                .field("from", src)
+                .quoted("reason", why)
+                .field("malformed", self.counters.malformed)
+                .field("not_sip", self.counters.not_sip)
+                .field("challenged", self.counters.challenged)
+                .emit();
         }
     }
 

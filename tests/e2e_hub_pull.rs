@@ -10,6 +10,7 @@
 mod hub_common;
 
 use hub_common::{golden_repo, start, Hub, COMMIT};
+use moshid_testkit::peers::{need_python, python, require};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -79,15 +80,6 @@ fn assert_official_layout(hf_home: &Path, hub: &Hub) {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-fn python_hub() -> bool {
-    Command::new("python3")
-        .args(["-c", "import huggingface_hub"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 #[test]
 fn a_fresh_pull_fills_the_official_cache_and_is_reused() {
     let hub = start(REPO, golden_repo("tokenizer.model"));
@@ -143,14 +135,14 @@ fn a_fresh_pull_fills_the_official_cache_and_is_reused() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
 
-    if !python_hub() {
-        eprintln!("skipped the interoperability half: python3 has no huggingface_hub");
+    // The interoperability half needs the official tool (see moshid_testkit::peers).
+    if !need_python("huggingface_hub") {
         return;
     }
     // The official tool reads what we fetched, offline...
     let script = "import sys, huggingface_hub as h; \
                   print(h.hf_hub_download(sys.argv[1], 'lm.safetensors'))";
-    let o = Command::new("python3")
+    let o = Command::new(python())
         .args(["-c", script, REPO])
         .env("HF_HOME", t.path())
         .env("HF_HUB_OFFLINE", "1")
@@ -168,7 +160,7 @@ fn a_fresh_pull_fills_the_official_cache_and_is_reused() {
     let theirs = tempfile::tempdir().unwrap();
     let script = "import sys, huggingface_hub as h; \
                   [h.hf_hub_download(sys.argv[1], f) for f in sys.argv[2:]]";
-    let mut c = Command::new("python3");
+    let mut c = Command::new(python());
     c.args(["-c", script, REPO])
         .args(hub.files.keys())
         .env("HF_HOME", theirs.path())
@@ -359,8 +351,10 @@ fn a_full_disk_is_said_in_words() {
         {
             o
         }
-        _ => {
-            eprintln!("skipped: no mount namespace with a tmpfs here (needs root and unshare)");
+        other => {
+            let why = format!("no mount namespace with a tmpfs here (needs root): {other:?}");
+            // Fails the test unless MOSHID_SKIP names unshare.
+            require("unshare", Err(why));
             return;
         }
     };

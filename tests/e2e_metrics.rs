@@ -15,247 +15,38 @@
 //! tenth by the idle timeout; both send the session's metadata.
 //! Every wait is bounded (socket timeouts, deadlines).
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use moshid::codec::{EncoderConfig, OggOpusEncoder, FRAME_SAMPLES};
+use moshid_testkit::chat::kind::AUDIO;
+use moshid_testkit::daemon::one_at_a_time;
+use moshid_testkit::metrics::Prom;
+use moshid_testkit::prelude::*;
 use serde_json::Value;
-use tungstenite::Message;
 
 const MAX_SLOTS: usize = 48;
 const CLIENTS: usize = 40;
 const SESSIONS_PER_PHASE: usize = 1000;
 /// Long enough that the engine answers every frame first (a tick is 80 ms).
 const IDLE_TIMEOUT_MS: u64 = 400;
-const IO_TIMEOUT: Duration = Duration::from_secs(20);
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-use moshid::protocol::control::END_OF_INPUT;
-use moshid::protocol::kind::{AUDIO, CONTROL, ERROR, HANDSHAKE, METADATA, TEXT};
-
-/// The tests share two CPUs: one daemon under load at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    stderr_path: PathBuf,
-    _dir: tempfile::TempDir,
+/// Switches the stage metrics with `POST /admin/metrics`.
+fn set_metrics(d: &Daemon, on: bool) {
+    let v = d.json("POST", "/admin/metrics", &format!(r#"{{"enabled": {on}}}"#));
+    assert_eq!(v["enabled"], on, "{v}");
 }
 
-impl Daemon {
-    fn start(extra_args: &[&str], config_json: &str) -> Daemon {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = tempfile::Builder::new()
-            .prefix("moshid-metrics-")
-            .tempdir_in(tmp)
-            .unwrap();
-        let config = dir.path().join("config.json");
-        std::fs::write(&config, config_json).unwrap();
-        let stderr_path = dir.path().join("stderr.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moshid"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
-            .arg(tmp.join("demo-cache"))
-            .arg("--config")
-            .arg(&config)
-            .args(extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
-            .spawn()
-            .expect("spawning moshid serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let mut daemon = Daemon {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            stderr_path,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .unwrap_or_else(|_| panic!("moshid did not start; stderr:\n{}", daemon.stderr()));
-            if let Some(a) = line.trim().strip_prefix("moshid listening on http://") {
-                daemon.addr = a.parse().unwrap();
-                break;
-            }
-        }
-        daemon
-    }
-
-    fn stderr(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    }
-
-    /// One HTTP request: `(status, body)`.
-    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT).unwrap();
-        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        )
-        .unwrap();
-        let mut raw = Vec::new();
-        let _ = s.read_to_end(&mut raw);
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .unwrap_or_else(|| panic!("{method} {path}: no response in {text:?}"));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap();
-        (status, body.to_string())
-    }
-
-    fn json(&self, method: &str, path: &str, body: &str) -> Value {
-        let (status, text) = self.request(method, path, body);
-        assert_eq!(status, 200, "{method} {path}: {text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    fn metrics(&self) -> Prom {
-        let (status, text) = self.request("GET", "/metrics", "");
-        assert_eq!(status, 200, "{text}");
-        Prom::parse(&text)
-    }
-
-    fn set_metrics(&self, on: bool) {
-        let v = self.json("POST", "/admin/metrics", &format!(r#"{{"enabled": {on}}}"#));
-        assert_eq!(v["enabled"], on, "{v}");
-    }
-
-    /// Waits until no session holds anything; returns `/capacity`.
-    fn wait_idle(&self) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let cap = self.json("GET", "/capacity", "");
-            let st = &cap["session_state"];
-            let zero = |v: &Value| v.as_u64() == Some(0);
-            let all_zero = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(zero));
-            if zero(&st["held_slots"])
-                && zero(&st["pending_params"])
-                && zero(&st["engine_open_slots"])
-                && all_zero(&st["routed_per_core"])
-                && all_zero(&st["pending_closes_per_core"])
-                && zero(&cap["capacity"]["active_sessions"])
-            {
-                return cap;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not idle: {cap:#}\n{}",
-                self.stderr()
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            eprintln!("---- moshid stderr (tail) ----\n{}", self.stderr());
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A parsed Prometheus text exposition: `(name, sorted labels) → value`.
-#[derive(Debug, Clone, Default)]
-struct Prom(BTreeMap<(String, Vec<(String, String)>), f64>);
-
-impl Prom {
-    fn parse(text: &str) -> Prom {
-        let mut map = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
-            let (series, value) = line
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("bad line {line:?}"));
-            let (name, labels) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.strip_suffix('}').unwrap()),
-                None => (series, ""),
-            };
-            let mut labels: Vec<(String, String)> = labels
-                .split(',')
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once('=').unwrap();
-                    (k.to_string(), v.trim_matches('"').to_string())
-                })
-                .collect();
-            labels.sort();
-            let value: f64 = value
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {line:?}"));
-            map.insert((name.to_string(), labels), value);
-        }
-        Prom(map)
-    }
-
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut l: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        l.sort();
-        *self
-            .0
-            .get(&(name.to_string(), l))
-            .unwrap_or_else(|| panic!("no series {name}{labels:?} in /metrics"))
-    }
-
-    /// `moshid_stage_duration_seconds_count{stage, core}`.
-    fn stage_count(&self, stage: &str, core: &str) -> u64 {
-        self.get(
-            "moshid_stage_duration_seconds_count",
-            &[("stage", stage), ("core", core)],
-        ) as u64
-    }
-
-    /// Every stage series (histogram counts and stage counters), for "did
-    /// anything move" comparisons.
-    fn stage_series(&self) -> BTreeMap<String, f64> {
-        self.0
-            .iter()
-            .filter(|((name, _), _)| {
-                name.starts_with("moshid_stage_duration_seconds_count")
-                    || name.starts_with("moshid_stage_")
-            })
-            .filter(|((name, _), _)| !name.ends_with("_bucket"))
-            .map(|((name, labels), v)| (format!("{name}{labels:?}"), *v))
-            .collect()
-    }
-
-    fn counter(&self, name: &str) -> u64 {
-        self.get(name, &[]) as u64
-    }
+/// Waits until the engine has stepped `more` times since `from`; returns
+/// that read of `/metrics`.
+fn after_steps(d: &Daemon, from: &Prom, more: u64) -> Prom {
+    let steps = from.counter("moshid_engine_steps_total");
+    d.wait_metrics(&format!("{more} engine steps"), |m| {
+        m.counter("moshid_engine_steps_total") >= steps + more
+    })
 }
 
 /// The audio messages of a session of `k` frames (Ogg headers in the first).
@@ -321,46 +112,26 @@ impl Outcome {
 /// One session: connect (`None` when refused: the daemon is full), send
 /// every message at once, read until the daemon closes.
 fn run_session(addr: SocketAddr, messages: &[Vec<u8>], end_of_input: bool) -> Option<Outcome> {
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap();
-    stream.set_nodelay(true).unwrap();
-    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-    let (mut ws, _) =
-        tungstenite::client(format!("ws://{addr}/api/chat"), stream).expect("upgrade");
-    match ws.read() {
-        Ok(Message::Binary(b)) if b[..] == [HANDSHAKE] => {}
-        Ok(Message::Binary(b)) if b.first() == Some(&ERROR) => return None,
-        other => panic!("expected the handshake, got {other:?}"),
-    }
+    let mut c = match ChatClient::connect(addr, "") {
+        Ok(c) => c,
+        Err(NotStarted::Refused(_)) => return None,
+        Err(e) => panic!("expected the handshake, got {e:?}"),
+    };
     let mut o = Outcome::default();
     for m in messages {
-        ws.send(Message::Binary(m.clone().into()))
-            .expect("sending audio");
+        c.send_raw(m.clone());
         o.frames_sent += 1;
     }
     if end_of_input {
-        ws.send(Message::Binary(vec![CONTROL, END_OF_INPUT].into()))
-            .expect("sending end of input");
+        c.send_end_of_input();
         o.end_of_input = true;
     }
-    loop {
-        match ws.read() {
-            Ok(Message::Binary(b)) => match b.first() {
-                Some(&AUDIO) => o.audio += 1,
-                Some(&TEXT) => o.texts += 1,
-                Some(&METADATA) => {
-                    o.metadata = Some(serde_json::from_slice(&b[1..]).expect("metadata JSON"))
-                }
-                Some(&ERROR) => o.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
-                _ => {}
-            },
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                panic!("session did not end within {IO_TIMEOUT:?}: {o:?}")
-            }
-            Err(_) => return Some(o),
-        }
-    }
+    c.wait_closed(IO_TIMEOUT);
+    o.audio = c.log.audio_payloads.len() as u64;
+    o.texts = c.log.texts.len() as u64;
+    o.metadata = c.log.metadata.take();
+    o.errors = std::mem::take(&mut c.log.errors);
+    Some(o)
 }
 
 /// What a batch of sessions added up to.
@@ -440,12 +211,12 @@ const STAGES: [&str; 6] = [
 
 #[test]
 fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = one_at_a_time();
     let started = Instant::now();
     let config = format!(
         r#"{{"model": {{"max_slots": {MAX_SLOTS}}}, "session": {{"idle_timeout_ms": {IDLE_TIMEOUT_MS}}}}}"#
     );
-    let d = Daemon::start(&[], &config);
+    let d = daemon!().config(&config).start();
     let msgs = Arc::new(session_messages());
     assert_eq!(
         d.json("GET", "/admin/metrics", "")["enabled"],
@@ -481,7 +252,7 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
     let time_off = started.elapsed();
 
     // --- On: every stage counts exactly what went through.
-    d.set_metrics(true);
+    set_metrics(&d, true);
     let t_on = Instant::now();
     let b = run_sessions(d.addr, SESSIONS_PER_PHASE, &msgs);
     d.wait_idle();
@@ -550,34 +321,39 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
 
     // --- Switched while sessions run: counters start and stop moving; the
     // sessions' results are unchanged (each is checked by run_sessions).
-    d.set_metrics(false);
-    thread::sleep(Duration::from_millis(300));
+    // Each window below is counted in engine steps (one per group and
+    // tick), not in wall time: the sessions run, so the engine steps.
+    set_metrics(&d, false);
     let stop = Arc::new(AtomicBool::new(false));
     let background = {
         let (stop, msgs, addr) = (stop.clone(), msgs.clone(), d.addr);
         thread::spawn(move || run_sessions_until(addr, usize::MAX, &msgs, stop))
     };
-    thread::sleep(Duration::from_millis(700));
-    let s0 = d.metrics();
-    thread::sleep(Duration::from_millis(500));
-    let s1 = d.metrics();
+    let s0 = after_steps(&d, &d.metrics(), 8);
+    let s1 = after_steps(&d, &s0, 6);
     assert_eq!(
         s1.stage_series(),
         s0.stage_series(),
         "stage counters moved while off"
     );
     assert!(s1.counter("moshid_engine_steps_total") > s0.counter("moshid_engine_steps_total"));
-    d.set_metrics(true);
-    thread::sleep(Duration::from_millis(700));
-    let s2 = d.metrics();
-    thread::sleep(Duration::from_millis(500));
-    let s3 = d.metrics();
-    for (stage, core) in [
+    set_metrics(&d, true);
+    let moving = [
         ("decode", "0"),
         ("model_step", "all"),
         ("frame_wait", "engine"),
         ("batch_fill", "engine"),
-    ] {
+    ];
+    let moved = |from: &Prom, to: &Prom| {
+        moving
+            .iter()
+            .all(|&(stage, core)| to.stage_count(stage, core) > from.stage_count(stage, core))
+    };
+    // The counters start moving (bounded: a stage that never does fails
+    // the wait), then keep moving while on.
+    let s2 = d.wait_metrics("every stage to start moving", |m| moved(&s1, m));
+    let s3 = d.wait_metrics("every stage to keep moving", |m| moved(&s2, m));
+    for (stage, core) in moving {
         assert!(
             s2.stage_count(stage, core) > s1.stage_count(stage, core),
             "{stage} did not start moving"
@@ -587,12 +363,11 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
             "{stage} stopped moving while on"
         );
     }
-    d.set_metrics(false);
-    // Let a tick or message batch that read the switch before it changed finish.
-    thread::sleep(Duration::from_millis(300));
-    let s4 = d.metrics();
-    thread::sleep(Duration::from_millis(700));
-    let s5 = d.metrics();
+    set_metrics(&d, false);
+    // A tick or message batch that read the switch before it changed has
+    // finished once the engine has stepped twice more.
+    let s4 = after_steps(&d, &d.metrics(), 2);
+    let s5 = after_steps(&d, &s4, 8);
     assert_eq!(
         s5.stage_series(),
         s4.stage_series(),
@@ -611,7 +386,7 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
         "every session admitted once"
     );
     eprintln!(
-        "metrics_e2e: {} sessions off in {:.1} s, {} on in {:.1} s, {} switched; {} refusals retried; total {:.1} s",
+        "e2e_metrics: {} sessions off in {:.1} s, {} on in {:.1} s, {} switched; {} refusals retried; total {:.1} s",
         a.sessions,
         time_off.as_secs_f64(),
         b.sessions,
@@ -624,12 +399,12 @@ fn sessions_are_complete_with_metrics_off_on_and_switched_while_running() {
 
 #[test]
 fn flag_turns_metrics_on_and_the_admin_endpoint_is_strict() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = one_at_a_time();
     // --metrics on a config whose run-time switch is locked.
-    let d = Daemon::start(
-        &["--metrics"],
-        r#"{"metrics": {"runtime_switch": false}, "session": {"idle_timeout_ms": 300}}"#,
-    );
+    let d = daemon!()
+        .args(["--metrics"])
+        .config(r#"{"metrics": {"runtime_switch": false}, "session": {"idle_timeout_ms": 300}}"#)
+        .start();
     let state = d.json("GET", "/admin/metrics", "");
     assert_eq!(
         (
@@ -656,7 +431,9 @@ fn flag_turns_metrics_on_and_the_admin_endpoint_is_strict() {
     drop(d);
 
     // Default config: the switch takes exactly {"enabled": bool}.
-    let d = Daemon::start(&[], r#"{"session": {"idle_timeout_ms": 300}}"#);
+    let d = daemon!()
+        .config(r#"{"session": {"idle_timeout_ms": 300}}"#)
+        .start();
     for bad in [
         "",
         "{}",

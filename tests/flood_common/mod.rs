@@ -330,17 +330,15 @@ pub fn sources(first: usize, n: usize) -> impl Iterator<Item = Ipv4Addr> {
 /// The value of the `/metrics` sample `name{labels}` (labels as rendered,
 /// without braces; `""` for none), if present.
 pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        let rest = if labels.is_empty() {
-            rest
-        } else {
-            rest.strip_prefix('{')?
-                .strip_prefix(labels)?
-                .strip_prefix('}')?
-        };
-        rest.strip_prefix(' ')?.trim().parse().ok()
-    })
+    let labels: Vec<(&str, &str)> = labels
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.split_once('=').expect("label=\"value\"");
+            (k, v.trim_matches('"'))
+        })
+        .collect();
+    moshid_testkit::metrics::Prom::parse(text).find(name, &labels)
 }
 
 /// Percentile `q` (0–100, nearest rank) of `v` (sorted here).

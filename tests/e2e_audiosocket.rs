@@ -13,13 +13,12 @@
 //!   oversized payload) each end with an `0xff` message carrying the right
 //!   code and a close, while a concurrent healthy call completes untouched.
 
-mod telephony_common;
-
+use moshid_testkit::daemon::one_at_a_time;
+use moshid_testkit::prelude::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
-use telephony_common::*;
 
 const CONFIG: &str = r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}}"#;
 
@@ -43,6 +42,11 @@ fn message(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut m = header(kind, payload.len()).to_vec();
     m.extend_from_slice(payload);
     m
+}
+
+/// The UUID of [`uuid_message`]`(tag)` as the daemon writes it.
+fn uuid_text(tag: u8) -> String {
+    format!("40000000-0000-0000-0000-0000000000{tag:02x}")
 }
 
 fn uuid_message(tag: u8) -> Vec<u8> {
@@ -168,13 +172,8 @@ fn stage_count(d: &Daemon, stage: &str) -> u64 {
 
 #[test]
 fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(
-        &[],
-        Some(
-            r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}, "metrics": {"enabled": true}}"#,
-        ),
-    );
+    let _serial = one_at_a_time();
+    let daemon = daemon!().config(r#"{"audiosocket": {"enabled": true, "address": "127.0.0.1:0"}, "metrics": {"enabled": true}}"#,).start();
     let addr = daemon
         .audiosocket
         .expect("the daemon printed its AudioSocket address");
@@ -184,36 +183,23 @@ fn a_call_gets_paced_slin_back_and_its_dtmf_is_seen() {
     let waited = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
     let msgs = healthy_call(addr, 1, 2.0);
     let sent = check_healthy("healthy call", &msgs, 100);
-    let line = daemon.wait_for_log_line(
-        &["audiosocket call end", "-000000000001"],
-        Duration::from_secs(10),
-    );
-    println!("{line}");
+    let end = daemon.wait_record(Record::AudiosocketCallEnd, &[("uuid", &uuid_text(1))]);
+    println!("{end}");
     assert!(
-        line.contains("kind=0x10") && line.contains("rate_hz=8000"),
-        "{line}"
+        end.matches(&[("kind", "0x10"), ("rate_hz", "8000")]),
+        "{end}"
     );
+    assert!(end.matches(&[("dtmf", "1"), ("digits", "5")]), "{end}");
     assert!(
-        line.contains("dtmf=1") && line.contains(r#"digits="5""#),
-        "{line}"
+        end.matches(&[("reason", "client_closed"), ("error_code", "-")]),
+        "{end}"
     );
-    assert!(
-        line.contains("reason=client_closed") && line.contains("error_code=-"),
-        "{line}"
-    );
-    assert!(line.contains("audio_in=100"), "{line}");
-    let session = daemon.wait_for_log_line(
-        &["session end", "transport=audiosocket"],
-        Duration::from_secs(10),
-    );
-    assert!(session.contains("frames_in=25"), "{session}");
+    assert_eq!(end.u64("audio_in"), 100, "{end}");
+    let session = daemon.wait_record(Record::SessionEnd, &[("transport", "audiosocket")]);
+    assert_eq!(session.u64("frames_in"), 25, "{session}");
     // Its I/O core's stages: a decode per audio message, an encode per
     // model frame out, a send per message back.
-    let frames_out: u64 = session
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("frames_out="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no frames_out in {session}"));
+    let frames_out = session.u64("frames_out");
     let delta: Vec<u64> = ["decode", "encode", "send"]
         .iter()
         .zip(&before)
@@ -256,12 +242,14 @@ fn bad_call(addr: SocketAddr, messages: Vec<Vec<u8>>, pace: Duration) -> Vec<Msg
 
 #[test]
 fn malformed_messages_end_only_their_own_call() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(&[], Some(CONFIG));
+    let _serial = one_at_a_time();
+    let daemon = daemon!().config(CONFIG).start();
     let addr = daemon.audiosocket.unwrap();
 
     let healthy = thread::spawn(move || healthy_call(addr, 2, 2.0));
-    thread::sleep(Duration::from_millis(200));
+    daemon.wait_capacity("the healthy call to be live", |c| {
+        c["capacity"]["active_sessions"] == 1
+    });
 
     let mut five_then_oversized: Vec<Vec<u8>> = vec![uuid_message(13)];
     five_then_oversized.extend((0..5).map(audio_message));
@@ -333,22 +321,15 @@ fn malformed_messages_end_only_their_own_call() {
     }
     let msgs = healthy.join().unwrap();
     check_healthy("concurrent healthy call", &msgs, 100);
-    let line = daemon.wait_for_log_line(
-        &["audiosocket call end", "-000000000002"],
-        Duration::from_secs(10),
-    );
+    let end = daemon.wait_record(Record::AudiosocketCallEnd, &[("uuid", &uuid_text(2))]);
     assert!(
-        line.contains("reason=client_closed") && line.contains("error_code=-"),
-        "{line}"
+        end.matches(&[("reason", "client_closed"), ("error_code", "-")]),
+        "{end}"
     );
     for code in ["0x01", "0x02", "0x03", "0x04"] {
-        daemon.wait_for_log_line(
-            &[
-                "audiosocket call end",
-                "reason=protocol_error",
-                &format!("error_code={code}"),
-            ],
-            Duration::from_secs(10),
+        daemon.wait_record(
+            Record::AudiosocketCallEnd,
+            &[("reason", "protocol_error"), ("error_code", code)],
         );
     }
 }

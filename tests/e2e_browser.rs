@@ -22,10 +22,9 @@
 //! Each test holds one browser at a time (about 6–12 s each; see docs/browser.md).
 
 mod chromium;
-mod common;
 
-use chromium::{write_voice_wav, Browser, Mic};
-use common::*;
+use chromium::{need_chromium, write_voice_wav, Browser, Mic};
+use moshid_testkit::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -83,18 +82,8 @@ fn hang_up(b: &mut Browser) -> Value {
 /// `frames_in` and `frames_out` of the daemon's log line for the session
 /// that ended with `reason`.
 fn logged_frames(d: &Daemon, reason: &str) -> (u64, u64) {
-    let log = d.wait_for_log(&format!("reason={reason}"), Duration::from_secs(10));
-    let line = log
-        .lines()
-        .find(|l| l.contains("session end") && l.contains(&format!("reason={reason}")))
-        .expect("a session end line");
-    let field = |name: &str| -> u64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
-    (field("frames_in"), field("frames_out"))
+    let end = d.wait_record(Record::SessionEnd, &[("reason", reason)]);
+    (end.u64("frames_in"), end.u64("frames_out"))
 }
 
 /// Checks a snapshot taken after the record arrived.
@@ -109,7 +98,10 @@ fn assert_recorded(v: &Value, min_frames: u64) {
 
 #[test]
 fn start_param_runs_a_session_with_audio_text_and_record() {
-    let d = Daemon::start(&[], None);
+    if !need_chromium() {
+        return;
+    }
+    let d = daemon!().start();
     let mut b = Browser::launch(&voice(&d), &[]);
     let t0 = Instant::now();
     b.navigate(&d.url("/?start=1"));
@@ -177,7 +169,10 @@ fn screenshot(b: &mut Browser) {
 
 #[test]
 fn a_full_server_shows_its_message() {
-    let d = Daemon::start(&["--max-slots", "1"], None);
+    if !need_chromium() {
+        return;
+    }
+    let d = daemon!().args(["--max-slots", "1"]).start();
     // The only slot is taken.
     let holder = ChatClient::start(d.addr, "");
     let mut b = Browser::launch(&voice(&d), &[]);
@@ -229,6 +224,9 @@ fn make_cert(cert_path: &Path, key_path: &Path) -> TestCert {
 
 #[test]
 fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
+    if !need_chromium() {
+        return;
+    }
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (cert_path, key_path) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
     let first = make_cert(&cert_path, &key_path);
@@ -236,7 +234,10 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
         "tls_cert_file": cert_path, "tls_key_file": key_path
     }})
     .to_string();
-    let d = Daemon::start_tls(&[], &config, tls_client(&first.der));
+    let d = daemon!()
+        .config(&config)
+        .tls(tls_client(&first.der))
+        .start();
     assert_eq!(d.get_json("/health")["status"], "ok");
 
     // The second certificate exists from the start so that the browser can
@@ -262,7 +263,11 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
     std::fs::copy(&next_cert, &cert_path).unwrap();
     std::fs::copy(&next_key, &key_path).unwrap();
     d.signal("HUP");
-    d.wait_for_log(&second.sha256_hex, Duration::from_secs(10));
+    let reload = d.wait_record(Record::SighupReload, &[("outcome", "tls_reloaded")]);
+    assert!(
+        reload.str("certificate").contains(&second.sha256_hex),
+        "{reload}"
+    );
     // New handshakes get the new certificate, and only it.
     let mut s = open_stream(d.addr, Some(&tls_client(&second.der)))
         .expect("a handshake with the reloaded certificate");
@@ -284,7 +289,11 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
     assert_eq!(session(&after)["handshake"], true);
     let done = hang_up(&mut b);
     assert_recorded(&done, 50);
-    assert!(d.stderr().contains("TLS certificate reloaded"));
+    assert_eq!(
+        d.records(Record::SighupReload, &[("outcome", "tls_reloaded")])
+            .len(),
+        1
+    );
     eprintln!(
         "TLS page session: {} ms played across the reload, round trip p50 {} ms",
         session(&done)["playedMs"],
@@ -294,8 +303,11 @@ fn built_in_tls_serves_the_page_and_reloads_on_sighup_without_dropping_it() {
 
 #[test]
 fn a_token_protected_daemon_refuses_without_the_token_and_accepts_with_it() {
+    if !need_chromium() {
+        return;
+    }
     const TOKEN: &str = "s3cret-Token_42";
-    let d = Daemon::start(&["--token", TOKEN], None);
+    let d = daemon!().args(["--token", TOKEN]).start();
     let mut b = Browser::launch(&voice(&d), &[]);
     b.navigate(&d.url("/?start=1"));
     let v = b.wait_for(
@@ -362,7 +374,10 @@ fn a_token_protected_daemon_refuses_without_the_token_and_accepts_with_it() {
 
 #[test]
 fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
-    let d = Daemon::start(&[], None);
+    if !need_chromium() {
+        return;
+    }
+    let d = daemon!().start();
     {
         let mut b = Browser::launch_with(Mic::Denied, &[]);
         b.navigate(&d.url("/?start=1"));
@@ -385,10 +400,13 @@ fn a_denied_microphone_and_a_lost_connection_are_said_in_words() {
 
 #[test]
 fn a_model_with_a_conditioner_offers_its_values_and_cfg_coef() {
+    if !need_chromium() {
+        return;
+    }
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/hibiki-tiny");
     let model = fixture.to_str().expect("UTF-8 path");
     let config = r#"{"session": {"drain_max_frames": 6}}"#;
-    let d = Daemon::start(&["--model", model], Some(config));
+    let d = daemon!().args(["--model", model]).config(config).start();
     let mut b = Browser::launch(&voice(&d), &[]);
     b.navigate(&d.url("/"));
     let v = b.wait_for("the page to be ready", PAGE_TIMEOUT, SNAPSHOT, |v| {

@@ -20,17 +20,16 @@
 //!
 //! About 10 s per daemon on two cores (most of it real-time audio).
 
-mod telephony_common;
-
 use base64::Engine;
 use moshid::codec::{EncoderConfig, OggOpusEncoder, FRAME_SAMPLES};
+use moshid_testkit::daemon::one_at_a_time;
+use moshid_testkit::prelude::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
-use telephony_common::{http_request, http_request_with, Daemon, IO_TIMEOUT, SERIAL};
 use tungstenite::Message;
 
 /// One SSE message: `(event, id, data)`.
@@ -340,19 +339,18 @@ fn check_texts(who: &str, events: &[SseEvent]) -> Vec<String> {
 
 #[test]
 fn sse_and_webhooks_follow_chat_rtp_and_media_stream_calls() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = one_at_a_time();
     let (dead_hook, dead_rx) = webhook_receiver(None);
     let (live_hook, live_rx) = webhook_receiver(Some(204));
-    let d = Daemon::start(
-        &[],
-        Some(
+    let d = daemon!()
+        .config(
             r#"{"session": {"idle_timeout_ms": 5000},
             "rtp": {"inactivity_timeout_ms": 5000},
             "metrics": {"enabled": true},
             "events": {"session_webhook_prefixes": ["http://127.0.0.1:"],
                        "webhook_timeout_ms": 60000, "webhook_retries": 0, "poll_ms": 10}}"#,
-        ),
-    );
+        )
+        .start();
 
     // --- WebSocket chat, followed from its upgrade; its webhook never answers.
     let (ws, id) = chat_connect(
@@ -588,14 +586,13 @@ fn sse_and_webhooks_follow_chat_rtp_and_media_stream_calls() {
 
 #[test]
 fn bad_subscriptions_get_clear_errors() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let d = Daemon::start(
-        &[],
-        Some(
+    let _serial = one_at_a_time();
+    let d = daemon!()
+        .config(
             r#"{"rtp": {"inactivity_timeout_ms": 5000}, "listen": {"token": "s3cret"},
             "events": {"max_subscribers_per_session": 1}}"#,
-        ),
-    );
+        )
+        .start();
     const AUTH: &str = "Authorization: Bearer s3cret\r\n";
     let req = |method: &str, path: &str, body: Option<&str>| {
         http_request_with(d.addr, method, path, body, AUTH)

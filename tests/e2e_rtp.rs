@@ -15,35 +15,27 @@
 //!   reported once each.
 //!
 //! ffmpeg is required: without it the ffmpeg tests fail saying how to
-//! install it. The tests run one at a time (they are real-time streams on
+//! install it, unless `MOSHID_SKIP` names it. The tests run one at a time (they are real-time streams on
 //! a small machine); no assertion is about timing — the measured packet
 //! gaps are printed.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
-use common::Daemon;
+use moshid_testkit::daemon::one_at_a_time as serial;
+use moshid_testkit::peers::need_program;
+use moshid_testkit::prelude::*;
 use serde_json::{json, Value};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-/// One real-time test at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const CONFIG: &str = r#"{"rtp": {"inactivity_timeout_ms": 3000}}"#;
 
 /// An HTTP request with an optional JSON body: `(status, JSON body)`.
 fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    common::json_request(addr, method, path, body)
+    json_request(addr, method, path, body)
 }
 
 /// Creates a session; returns `(id, RTP address)`.
@@ -217,38 +209,16 @@ fn check_stream(
     );
 }
 
-fn require_ffmpeg() {
-    let ok = Command::new("ffmpeg")
-        .arg("-version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "ffmpeg is required by the RTP interoperability tests and was not found: install it \
-         (Debian: `apt-get install -y ffmpeg`, or `scripts/setup --tests`)"
-    );
-}
-
 /// A 3 s, 16 kHz mono WAV with voiced, syllable-like content.
 fn write_wav(path: &Path) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 16_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).expect("creating the WAV");
-    for i in 0..48_000 {
-        let t = i as f64 / 16_000.0;
+    moshid_testkit::audio::write_wav(path, 16_000, 3.0, |t| {
         let f0 = 140.0 + 30.0 * (2.0 * std::f64::consts::PI * 0.7 * t).sin();
         let voice: f64 = (1..6)
             .map(|h| (2.0 * std::f64::consts::PI * f0 * h as f64 * t).sin() / h as f64)
             .sum();
         let envelope = (0.5 - 0.5 * (2.0 * std::f64::consts::PI * 4.0 * t).cos()).powf(0.7);
-        w.write_sample((voice * envelope * 6000.0) as i16).unwrap();
-    }
-    w.finalize().unwrap();
+        voice * envelope * 6000.0 / f64::from(i16::MAX)
+    });
 }
 
 /// Runs ffmpeg with `args` (input already set) to `rtp://addr`.
@@ -310,10 +280,17 @@ fn rms(x: &[i16]) -> f64 {
     (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt()
 }
 
-/// ffmpeg → moshid → raw socket, for one codec.
-fn round_trip(what: &str, session: Value, ffmpeg_args: &[&str]) -> (Vec<Rtp>, Value, Daemon) {
-    require_ffmpeg();
-    let d = Daemon::start(&[], Some(CONFIG));
+/// ffmpeg → moshid → raw socket, for one codec; `None` when ffmpeg is
+/// missing and skipped.
+fn round_trip(
+    what: &str,
+    session: Value,
+    ffmpeg_args: &[&str],
+) -> Option<(Vec<Rtp>, Value, Daemon)> {
+    if !need_program("ffmpeg") {
+        return None;
+    }
+    let d = daemon!().config(CONFIG).start();
     let wav = d.temp_dir().join("in.wav");
     write_wav(&wav);
     let cap = Capture::start(UdpSocket::bind("127.0.0.1:0").unwrap());
@@ -321,9 +298,8 @@ fn round_trip(what: &str, session: Value, ffmpeg_args: &[&str]) -> (Vec<Rtp>, Va
     body["remote"] = json!(cap.addr.to_string());
     let (id, rtp) = create(&d, body);
     ffmpeg_send(&wav, ffmpeg_args, rtp);
-    // Let the jitter buffer and the model drain what ffmpeg sent.
-    thread::sleep(Duration::from_millis(600));
-    let live = events(&d, &id);
+    // The jitter buffer played out what ffmpeg sent and the model answered it.
+    let live = wait_events(&d, &id, "what ffmpeg sent to be played out", drained);
     let end = delete(&d, &id);
     let pkts = cap.finish();
     println!("{what}: counters {}", end["counters"]);
@@ -339,17 +315,19 @@ fn round_trip(what: &str, session: Value, ffmpeg_args: &[&str]) -> (Vec<Rtp>, Va
     assert_eq!(counter(&end, "lane_full"), 0);
     assert!(counter(&end, "packets_sent") as usize >= pkts.len());
     d.wait_idle();
-    (pkts, end, d)
+    Some((pkts, end, d))
 }
 
 #[test]
 fn ffmpeg_pcmu_round_trip() {
     let _g = serial();
-    let (pkts, end, d) = round_trip(
+    let Some((pkts, end, d)) = round_trip(
         "PCMU",
         json!({"codec": "PCMU", "payload_type": 0}),
         &["-ar", "8000", "-ac", "1", "-acodec", "pcm_mulaw"],
-    );
+    ) else {
+        return;
+    };
     check_stream("PCMU", &pkts, 0, 160, Some(160));
     let raw = d.temp_dir().join("out.ul");
     std::fs::write(
@@ -372,11 +350,13 @@ fn ffmpeg_pcmu_round_trip() {
 #[test]
 fn ffmpeg_l16_16khz_round_trip() {
     let _g = serial();
-    let (pkts, _end, d) = round_trip(
+    let Some((pkts, _end, d)) = round_trip(
         "L16/16000",
         json!({"codec": "L16", "payload_type": 97, "sample_rate": 16000}),
         &["-ar", "16000", "-ac", "1", "-acodec", "pcm_s16be"],
-    );
+    ) else {
+        return;
+    };
     check_stream("L16/16000", &pkts, 97, 320, Some(640));
     let raw = d.temp_dir().join("out.s16be");
     std::fs::write(
@@ -398,11 +378,13 @@ fn ffmpeg_l16_16khz_round_trip() {
 #[test]
 fn ffmpeg_opus_round_trip() {
     let _g = serial();
-    let (pkts, end, _d) = round_trip(
+    let Some((pkts, end, _d)) = round_trip(
         "opus",
         json!({"codec": "opus", "payload_type": 97}),
         &["-ar", "48000", "-ac", "1", "-acodec", "libopus"],
-    );
+    ) else {
+        return;
+    };
     check_stream("opus", &pkts, 97, 960, None);
     assert_eq!(counter(&end, "decode_errors"), 0);
     // libopus decodes every packet to 20 ms.
@@ -491,6 +473,14 @@ fn pace(start: Instant, n: u32) {
     }
 }
 
+/// Whether a session's view shows its jitter buffer played out and every
+/// frame it sent answered.
+fn drained(j: &Value) -> bool {
+    j["counters"]["received"].as_u64() > Some(0)
+        && j["gauges"]["depth_ms"].as_f64() == Some(0.0)
+        && j["gauges"]["in_flight"].as_u64() == Some(0)
+}
+
 /// Polls a session until `cond` holds on its view.
 fn wait_events(d: &Daemon, id: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -510,7 +500,7 @@ fn wait_events(d: &Daemon, id: &str, what: &str, cond: impl Fn(&Value) -> bool) 
 #[test]
 fn jitter_buffer_feeds_one_frame_per_tick_through_impairments() {
     let _g = serial();
-    let d = Daemon::start(&[], Some(CONFIG));
+    let d = daemon!().config(CONFIG).start();
     let (id, rtp) = create(&d, json!({"codec": "PCMU"}));
     // The sequence number wraps at packet 136; a new SSRC starts at 200.
     let mut tx = Sender::new(rtp, 65_400, 4_294_960_000, 0x1111_1111);
@@ -553,8 +543,10 @@ fn jitter_buffer_feeds_one_frame_per_tick_through_impairments() {
     if let Some(h) = held.take() {
         tx.send(&h);
     }
-    thread::sleep(Duration::from_millis(400));
-    let view = events(&d, &id);
+    let sent = tx.sent;
+    let view = wait_events(&d, &id, "every packet received and played out", |j| {
+        j["counters"]["received"].as_u64() == Some(sent) && drained(j)
+    });
     let end = delete(&d, &id);
     println!(
         "impairments: {dropped} dropped, {dups} duplicated, {swaps} swapped; counters {}",
@@ -604,7 +596,7 @@ fn jitter_buffer_feeds_one_frame_per_tick_through_impairments() {
 #[test]
 fn a_second_source_cannot_take_over() {
     let _g = serial();
-    let d = Daemon::start(&[], Some(CONFIG));
+    let d = daemon!().config(CONFIG).start();
     let (id, rtp) = create(&d, json!({"codec": "PCMU"}));
     let mut a = Sender::new(rtp, 1, 0, 0xAAAA);
     let mut b = Sender::new(rtp, 500, 9_000, 0xBBBB);
@@ -653,7 +645,7 @@ fn a_second_source_cannot_take_over() {
 #[test]
 fn dtmf_digits_are_reported_once() {
     let _g = serial();
-    let d = Daemon::start(&[], Some(CONFIG));
+    let d = daemon!().config(CONFIG).start();
     let (id, rtp) = create(&d, json!({"codec": "PCMU", "dtmf_payload_type": 101}));
     let mut tx = Sender::new(rtp, 30_000, 1_000, 0xD7F);
     let start = Instant::now();
@@ -725,7 +717,7 @@ fn dtmf_digits_are_reported_once() {
 #[test]
 fn bad_requests_name_the_field() {
     let _g = serial();
-    let d = Daemon::start(&[], Some(CONFIG));
+    let d = daemon!().config(CONFIG).start();
     for (body, field) in [
         (json!({"codec": "G729"}), "codec"),
         (json!({"codec": "opus"}), "payload_type"),
@@ -753,5 +745,8 @@ fn bad_requests_name_the_field() {
         thread::sleep(Duration::from_millis(50));
     }
     d.wait_idle();
-    assert!(d.stderr().contains("reason=idle_timeout"));
+    d.wait_record(
+        Record::SessionEnd,
+        &[("transport", "rtp"), ("reason", "idle_timeout")],
+    );
 }

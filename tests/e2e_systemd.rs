@@ -7,22 +7,21 @@
 //!
 //! Timing assertions are loose counts over windows, never tight deadlines.
 
-use std::io::{BufRead, BufReader, ErrorKind};
-use std::net::{SocketAddr, TcpStream};
+use std::io::ErrorKind;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tungstenite::Message;
+use moshid_testkit::peers::need_program;
+use moshid_testkit::prelude::*;
 
 /// The daemon's `WATCHDOG_USEC`: 2 s, so a ping is due every second.
 const WATCHDOG: Duration = Duration::from_secs(2);
 /// `session.drain_grace_ms` of the daemon under test.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One notification datagram and when it arrived.
 struct Note {
@@ -62,78 +61,21 @@ fn listen(sock: UnixDatagram) -> mpsc::Receiver<Note> {
     rx
 }
 
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    stderr: PathBuf,
-}
-
-impl Daemon {
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(dir: &Path, notify_socket: &Path) -> Daemon {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let config = dir.join("config.json");
-    std::fs::write(
-        &config,
-        format!(
+/// The daemon as systemd starts a `Type=notify` unit with `WatchdogSec=`:
+/// `NOTIFY_SOCKET` and `WATCHDOG_USEC` set, no `WATCHDOG_PID`.
+fn start(notify_socket: &Path) -> Daemon {
+    daemon!()
+        .config(&format!(
             r#"{{"session": {{"drain_grace_ms": {}}}}}"#,
             DRAIN_GRACE.as_millis()
-        ),
-    )
-    .unwrap();
-    let stderr = dir.join("stderr.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moshid"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
-        .arg(tmp.join("demo-cache"))
-        .arg("--config")
-        .arg(&config)
+        ))
         .env("NOTIFY_SOCKET", notify_socket)
         .env("WATCHDOG_USEC", WATCHDOG.as_micros().to_string())
         // As `systemd-run` without a PID: libsystemd's rules apply.
         .env_remove("WATCHDOG_PID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .expect("spawning moshid serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut daemon = Daemon {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        stderr,
-    };
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => {
-                if let Some(a) = line.trim().strip_prefix("moshid listening on http://") {
-                    daemon.addr = a.parse().unwrap();
-                    return daemon;
-                }
-            }
-            Err(e) => panic!(
-                "moshid did not report listening ({e:?}); stderr:\n{}",
-                daemon.stderr()
-            ),
-        }
-    }
+        // Readiness is what this test watches, on the notify socket.
+        .wait_ready(false)
+        .start()
 }
 
 /// Waits for a datagram carrying `line`, keeping every datagram seen in `seen`.
@@ -175,7 +117,7 @@ fn ready_watchdog_status_then_stopping_and_drain() {
         .unwrap();
     let sock_path = dir.path().join("notify.sock");
     let rx = listen(UnixDatagram::bind(&sock_path).unwrap());
-    let mut daemon = start(dir.path(), &sock_path);
+    let mut daemon = start(&sock_path);
     let mut seen = Vec::new();
 
     // READY=1 after warm-up, with a first status line; no watchdog ping before it.
@@ -225,22 +167,9 @@ fn ready_watchdog_status_then_stopping_and_drain() {
     );
 
     // One WebSocket session open, then SIGTERM.
-    let stream = TcpStream::connect(daemon.addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let (mut ws, _) =
-        tungstenite::client(format!("ws://{}/api/chat", daemon.addr), stream).unwrap();
-    match ws.read().unwrap() {
-        Message::Binary(b) => assert_eq!(&b[..], &[0u8], "handshake"),
-        other => panic!("expected the handshake, got {other:?}"),
-    }
+    let mut session = ChatClient::start(daemon.addr, "");
     let sigterm_at = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &daemon.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    daemon.signal("TERM");
 
     let stopping_at = wait_for(&rx, &mut seen, "STOPPING=1", Duration::from_secs(5));
     assert!(stopping_at >= sigterm_at);
@@ -252,47 +181,31 @@ fn ready_watchdog_status_then_stopping_and_drain() {
     );
 
     // The session is closed after the grace period, with its record and reason.
-    let mut metadata = None;
-    let mut close_reason = None;
-    loop {
-        match ws.read() {
-            Ok(Message::Binary(b)) if b.first() == Some(&0x04) => {
-                metadata = Some(serde_json::from_slice::<serde_json::Value>(&b[1..]).unwrap());
-            }
-            Ok(Message::Close(frame)) => {
-                close_reason = frame.map(|f| f.reason.to_string());
-            }
-            Ok(_) => {}
-            Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => break,
-            Err(tungstenite::Error::Io(e)) if e.kind() == ErrorKind::ConnectionReset => break,
-            Err(e) => panic!("session read: {e}; stderr:\n{}", daemon.stderr()),
-        }
-    }
+    session.wait_closed(Duration::from_secs(20));
     let closed_after = sigterm_at.elapsed();
-    let metadata = metadata.expect("end metadata (0x04) before the close");
+    assert_eq!(
+        session.log.transport_error,
+        None,
+        "session read; stderr:\n{}",
+        daemon.stderr()
+    );
+    let metadata = session
+        .log
+        .metadata
+        .clone()
+        .expect("end metadata (0x04) before the close");
     assert_eq!(
         metadata["session"]["end_reason"]["kind"], "server_shutdown",
         "{metadata}"
     );
-    assert_eq!(close_reason.as_deref(), Some("server_shutdown"));
+    assert_eq!(session.log.close_reason(), Some("server_shutdown"));
     assert!(
         closed_after >= DRAIN_GRACE - Duration::from_millis(100),
         "closed {closed_after:?} after SIGTERM, before the {DRAIN_GRACE:?} grace"
     );
 
     // Exit status 0.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(s) = daemon.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "moshid did not exit; stderr:\n{}",
-            daemon.stderr()
-        );
-        thread::sleep(Duration::from_millis(20));
-    };
+    let exit = daemon.wait_exit(Duration::from_secs(20));
     assert!(
         exit.success(),
         "exit {exit:?}; stderr:\n{}",
@@ -303,7 +216,12 @@ fn ready_watchdog_status_then_stopping_and_drain() {
         log.contains("<6>systemd: notify socket set, watchdog 2000 ms"),
         "{log}"
     );
-    assert!(log.contains("reason=server_shutdown"), "{log}");
+    assert!(
+        !daemon
+            .records(Record::SessionEnd, &[("reason", "server_shutdown")])
+            .is_empty(),
+        "{log}"
+    );
 }
 
 /// `systemd-analyze verify` on both units, ExecStart pointed at the binary
@@ -355,13 +273,7 @@ fn unit_files_verify() {
         let text = text.replace("/usr/local/bin/moshid", env!("CARGO_BIN_EXE_moshid"));
         std::fs::write(dir.path().join(name), text).unwrap();
     }
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        println!("systemd-analyze is not installed: skipping `systemd-analyze verify` (the unit files were checked for their keys only)");
-    } else {
+    if need_program("systemd-analyze") {
         for unit in ["moshid.service", "moshid@0.service", "moshid@1.service"] {
             let out = Command::new("systemd-analyze")
                 .arg("verify")
@@ -386,23 +298,26 @@ fn unit_files_verify() {
         ("systemd-sysusers", "moshid.sysusers.conf", vec![]),
         ("systemd-tmpfiles", "moshid.tmpfiles.conf", vec!["--create"]),
     ];
+    let mut applied = Vec::new();
     for (tool, file, extra) in tools {
-        match Command::new(tool)
+        if !need_program(tool) {
+            continue;
+        }
+        let out = Command::new(tool)
             .arg(format!("--root={}", root.display()))
             .args(&extra)
             .arg(units.join(file))
             .output()
-        {
-            Err(_) => println!("{tool} is not installed: skipping the check of {file}"),
-            Ok(out) => assert!(
-                out.status.success(),
-                "{tool} {file}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        }
+            .unwrap_or_else(|e| panic!("running {tool}: {e}"));
+        assert!(
+            out.status.success(),
+            "{tool} {file}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        applied.push(tool);
     }
-    if root.join("etc/passwd").exists() {
+    if applied.len() == 2 {
         let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
         assert!(passwd.lines().any(|l| l.starts_with("moshid:")), "{passwd}");
         assert!(root.join("var/cache/moshid").is_dir() && root.join("etc/moshid").is_dir());

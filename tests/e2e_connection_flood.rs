@@ -40,11 +40,8 @@
 //! plus its sessions (~300 descriptors) and raises its own limit at start.
 //! About 20 s, most of it the conversations.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod flood_common;
 
-use common::{ChatClient, Daemon, Pace, SessionLog};
 use flood_common::{
     own_schedstat, percentile, raise_nofile, run_queue_wait_ns, sample, sources, thread_schedstat,
     Flood, SchedWatch,
@@ -56,6 +53,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use moshid_testkit::prelude::*;
 
 const IDLE_MS: u64 = 1_500;
 const PER_IP: usize = 8;
@@ -127,7 +126,7 @@ fn conversation(
     let handle = thread::spawn(move || {
         tids.send((name, own_schedstat())).unwrap();
         go_rx.recv().unwrap();
-        let signal = common::signal(seed, frames);
+        let signal = signal(seed, frames);
         let t0 = Instant::now();
         let client = ChatClient::start(addr, &format!("seed={seed}"));
         let connect = t0.elapsed();
@@ -210,7 +209,7 @@ fn a_flood_of_half_open_connections_locks_nobody_out() {
     let config = format!(
         r#"{{"session": {{"idle_timeout_ms": {IDLE_MS}}}, "listen": {{"max_pending_per_ip": {PER_IP}}}}}"#
     );
-    let daemon = Daemon::start(&[], Some(&config));
+    let daemon = daemon!().config(&config).start();
     let addr = daemon.addr;
     let metrics = daemon.http_get("/metrics").1;
     let budget = sample(&metrics, "moshid_connections_pending_max", r#"core="0""#)
@@ -252,7 +251,11 @@ fn a_flood_of_half_open_connections_locks_nobody_out() {
 
     go_a.send(()).unwrap();
     go_b.send(()).unwrap();
-    thread::sleep(Duration::from_millis(1_000));
+    // Both conversations are under way (about a second of each stepped)
+    // before the flood starts.
+    daemon.wait_capacity("both conversations to be answered", |c| {
+        c["engine"]["frames_stepped"].as_u64() >= Some(2 * 12)
+    });
     let flood_start = Instant::now();
 
     // Wave 1: 1,100 addresses.

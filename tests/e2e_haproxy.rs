@@ -18,22 +18,21 @@
 //! test fails, saying so.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tungstenite::{Message, WebSocket};
+use moshid_testkit::peers::need_program;
+use moshid_testkit::prelude::*;
 
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
-const IO_TIMEOUT: Duration = Duration::from_secs(20);
 /// B's `session.drain_grace_ms`: long enough for the drain phase below.
 const B_GRACE_MS: u64 = 6000;
 
+/// HAProxy, with its log; killed when dropped.
 struct Proc {
     child: Child,
     log: PathBuf,
@@ -52,144 +51,19 @@ impl Drop for Proc {
     }
 }
 
-struct Daemon {
-    proc_: Proc,
-    addr: SocketAddr,
-    agent: SocketAddr,
-}
-
-fn start_daemon(dir: &Path, name: &str, args: &[&str], config: &str) -> Daemon {
-    let cfg = dir.join(format!("{name}.json"));
-    std::fs::write(&cfg, config).unwrap();
-    let log = dir.join(format!("{name}.stderr.log"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moshid"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
-        .arg(Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-cache-haproxy"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawning moshid serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let proc_ = Proc { child, log };
-    let (mut addr, mut agent) = (None, None);
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while addr.is_none() || agent.is_none() {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|e| {
-                panic!(
-                    "daemon {name} did not start ({e:?}); stderr:\n{}",
-                    proc_.log()
-                )
-            });
-        let line = line.trim();
-        if let Some(a) = line.strip_prefix("moshid listening on http://") {
-            addr = Some(a.parse().unwrap());
-        } else if let Some(rest) = line.strip_prefix("agent-check:") {
-            agent = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
-        }
-    }
-    Daemon {
-        proc_,
-        addr: addr.unwrap(),
-        agent: agent.unwrap(),
-    }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap();
-    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: {text:?}"));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap();
-    (status, body.to_string())
-}
-
-fn active_sessions(d: &Daemon) -> u64 {
-    let (status, body) = http_get(d.addr, "/capacity");
-    assert_eq!(status, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["capacity"]["active_sessions"].as_u64().unwrap()
-}
-
+/// What the daemon's HAProxy agent says now (`up ready 100%`, `drain`).
 fn agent_line(d: &Daemon) -> String {
-    let mut s = TcpStream::connect_timeout(&d.agent, IO_TIMEOUT).unwrap();
+    let mut s = TcpStream::connect_timeout(&d.agent(), IO_TIMEOUT).unwrap();
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text.trim().to_string()
 }
 
-type Ws = WebSocket<TcpStream>;
-
-/// Opens `/api/chat` at `addr` and reads the first message: `Ok` on the
-/// handshake, `Err` with what came instead.
-fn open_session(addr: SocketAddr) -> Result<Ws, String> {
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    let (mut ws, _) =
-        tungstenite::client(format!("ws://{addr}/api/chat"), stream).map_err(|e| e.to_string())?;
-    match ws.read() {
-        Ok(Message::Binary(b)) if b.as_ref() == [0u8] => Ok(ws),
-        Ok(Message::Binary(b)) if b.first() == Some(&0x05) => Err(format!(
-            "error message: {}",
-            String::from_utf8_lossy(&b[1..])
-        )),
-        other => Err(format!("expected the handshake, got {other:?}")),
-    }
-}
-
-fn close_session(mut ws: Ws) {
-    let _ = ws.close(None);
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while Instant::now() < deadline {
-        if ws.read().is_err() {
-            return;
-        }
-    }
-}
-
-/// Reads until the server closes; returns the end metadata.
-fn read_to_end(mut ws: Ws) -> (Option<serde_json::Value>, Option<String>) {
-    let (mut meta, mut reason) = (None, None);
-    loop {
-        match ws.read() {
-            Ok(Message::Binary(b)) if b.first() == Some(&0x04) => {
-                meta = serde_json::from_slice(&b[1..]).ok()
-            }
-            Ok(Message::Close(f)) => reason = f.map(|f| f.reason.to_string()),
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e))
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-            {
-                panic!("the session was not closed within {IO_TIMEOUT:?}")
-            }
-            Err(_) => return (meta, reason),
-        }
-    }
+/// Opens `/api/chat` at `addr`: `Ok` on the handshake, `Err` with what
+/// came instead.
+fn open_session(addr: SocketAddr) -> Result<ChatClient, String> {
+    ChatClient::connect(addr, "").map_err(|e| format!("{e:?}"))
 }
 
 /// HAProxy's per-server statistics (`show stat` on the admin socket).
@@ -263,16 +137,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn require_haproxy() {
-    match Command::new("haproxy").arg("-v").output() {
-        Ok(out) if out.status.success() => {}
-        other => panic!(
-            "haproxy is not installed (or does not run: {other:?}). This test needs it and does not skip: \
-             run `scripts/setup --tests` (or `apt-get install -y haproxy`)."
-        ),
-    }
-}
-
 /// The shipped config with this test's addresses.
 fn haproxy_config(dir: &Path, front: u16, a: &Daemon, b: &Daemon) -> String {
     let shipped = std::fs::read_to_string(
@@ -291,11 +155,11 @@ fn haproxy_config(dir: &Path, front: u16, a: &Daemon, b: &Daemon) -> String {
         ("maxconn 20000".to_string(), "maxconn 1000".to_string()),
         (
             "server gpu0 127.0.0.1:8998 agent-port 9998".to_string(),
-            format!("server gpu0 {} agent-port {}", a.addr, a.agent.port()),
+            format!("server gpu0 {} agent-port {}", a.addr, a.agent().port()),
         ),
         (
             "server gpu1 127.0.0.1:8999 agent-port 9999".to_string(),
-            format!("server gpu1 {} agent-port {}", b.addr, b.agent.port()),
+            format!("server gpu1 {} agent-port {}", b.addr, b.agent().port()),
         ),
     ];
     for (from, to) in edits {
@@ -319,7 +183,9 @@ fn haproxy_config(dir: &Path, front: u16, a: &Daemon, b: &Daemon) -> String {
 
 #[test]
 fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
-    require_haproxy();
+    if !need_program("haproxy") {
+        return;
+    }
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let dir = tempfile::Builder::new()
         .prefix("moshid-haproxy-")
@@ -340,13 +206,14 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
             r#"{{"listen": {{"agent_address": "127.0.0.1:0"}}, "session": {{"drain_grace_ms": {grace}}}}}"#
         )
     };
-    let a = start_daemon(dir.path(), "a", &["--max-slots", "1"], &agent_cfg(2000));
-    let mut b = start_daemon(
-        dir.path(),
-        "b",
-        &["--max-slots", "4"],
-        &agent_cfg(B_GRACE_MS),
-    );
+    let a = daemon!()
+        .args(["--max-slots", "1"])
+        .config(&agent_cfg(2000))
+        .start();
+    let mut b = daemon!()
+        .args(["--max-slots", "4"])
+        .config(&agent_cfg(B_GRACE_MS))
+        .start();
     assert_eq!(agent_line(&a), "up ready 100%");
     assert_eq!(agent_line(&b), "up ready 100%");
 
@@ -396,11 +263,11 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
         via_lb.push(ws);
     }
     assert_eq!(
-        active_sessions(&b),
+        b.active_sessions(),
         3,
         "every new session on B, the daemon with room"
     );
-    assert_eq!(active_sessions(&a), 1, "A kept only its own session");
+    assert_eq!(a.active_sessions(), 1, "A kept only its own session");
     assert_eq!(
         stats.counter("gpu0", "stot"),
         a_total,
@@ -409,12 +276,12 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
     assert_eq!(stats.counter("gpu1", "stot"), 3);
 
     // Everything closed: A has room again and HAProxy puts it back.
-    for ws in via_lb.drain(..) {
-        close_session(ws);
+    for c in via_lb.drain(..) {
+        c.close();
     }
-    close_session(held_a);
+    held_a.close();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while active_sessions(&a) + active_sessions(&b) > 0 {
+    while a.active_sessions() + b.active_sessions() > 0 {
         assert!(Instant::now() < deadline, "sessions did not end");
         thread::sleep(Duration::from_millis(50));
     }
@@ -429,17 +296,13 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
         stats.counter("gpu1", "wredis"),
     );
     let sigterm_at = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-TERM", &b.proc_.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    b.signal("TERM");
     let seen = stats.wait_status("gpu1", "DRAIN", Duration::from_secs(5), &haproxy);
     assert_eq!(agent_line(&b), "drain");
     let on_a = open_session(front).unwrap_or_else(|e| {
         panic!("session through HAProxy while B drains: {e}; statuses of B {seen:?}")
     });
-    assert_eq!(active_sessions(&a), 1, "the new session is on A");
+    assert_eq!(a.active_sessions(), 1, "the new session is on A");
     assert_eq!(
         stats.counter("gpu1", "stot"),
         b_total,
@@ -453,35 +316,25 @@ fn sessions_land_where_there_is_room_and_never_on_a_draining_daemon() {
     assert_eq!(stats.counter("gpu1", "wredis"), b_redisp);
 
     // B's own session ends with server_shutdown after its grace; B exits 0.
-    let (meta, reason) = read_to_end(held_b);
-    let meta = meta.expect("end metadata from B");
+    let mut held_b = held_b;
+    held_b.wait_closed(IO_TIMEOUT);
+    let meta = held_b.log.metadata.clone().expect("end metadata from B");
     assert_eq!(
         meta["session"]["end_reason"]["kind"], "server_shutdown",
         "{meta}"
     );
-    assert_eq!(reason.as_deref(), Some("server_shutdown"));
+    assert_eq!(held_b.log.close_reason(), Some("server_shutdown"));
     assert!(sigterm_at.elapsed() >= Duration::from_millis(B_GRACE_MS - 200));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(s) = b.proc_.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "B did not exit; stderr:\n{}",
-            b.proc_.log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    };
+    let exit = b.wait_exit(Duration::from_secs(20));
     assert!(
         exit.success(),
         "B exited {exit:?}; stderr:\n{}",
-        b.proc_.log()
+        b.stderr_tail()
     );
     // B logged exactly the sessions it had (the three from phase 1, its own
     // direct one) and no other.
-    let b_log = b.proc_.log();
-    assert_eq!(b_log.matches("session end").count(), 4, "{b_log}");
-    close_session(on_a);
+    let ends = b.records(Record::SessionEnd, &[]);
+    assert_eq!(ends.len(), 4, "{}", b.stderr());
+    on_a.close();
     drop(haproxy);
 }

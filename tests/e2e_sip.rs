@@ -1,7 +1,7 @@
 //! End-to-end tests of the SIP endpoint against the real `moshid serve`
 //! and a SIP peer nobody here wrote — Debian's sipp (sip-tester) — each
 //! test in a network namespace of its own with only loopback
-//! (`sip_common`).
+//! (`moshid_testkit::sip`).
 //!
 //! Scenarios (`tests/data/sip/`): a basic call with PCMU RTP both ways and
 //! BYE from sipp; CANCEL before the answer (487); OPTIONS (Allow, Accept);
@@ -23,55 +23,29 @@
 //! of each call is read from its log (`sip call start/end`, `rtp session
 //! end … received= packets_sent=`).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-mod sip_common;
-
-use common::Daemon;
-use sip_common::{field, inside_netns, need, sip_config, sipp, sipp_with, ulaw_file};
+use moshid_testkit::audio::ulaw_file;
+use moshid_testkit::prelude::*;
+use moshid_testkit::sip::{inside_netns, need, sip_config, sipp, sipp_with};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-const LOG_WAIT: Duration = Duration::from_secs(30);
+/// Bound on waiting for a SIP counter to reach its value.
+const METRIC_WAIT: Duration = Duration::from_secs(30);
 
 fn start(extra_sip: &str, extra: &str, args: &[&str]) -> (Daemon, SocketAddr) {
-    let d = Daemon::start(args, Some(&sip_config(extra_sip, extra)));
+    let d = daemon!()
+        .args(args)
+        .config(&sip_config(extra_sip, extra))
+        .start();
     let sip = d.sip.expect("the daemon printed its SIP address");
     (d, sip)
-}
-
-/// The log lines containing every one of `needles`.
-fn lines(d: &Daemon, needles: &[&str]) -> Vec<String> {
-    d.stderr()
-        .lines()
-        .filter(|l| needles.iter().all(|n| l.contains(n)))
-        .map(str::to_string)
-        .collect()
-}
-
-/// Waits for `n` log lines with `needles`.
-fn wait_lines(d: &Daemon, needles: &[&str], n: usize) -> Vec<String> {
-    let deadline = Instant::now() + LOG_WAIT;
-    loop {
-        let found = lines(d, needles);
-        if found.len() >= n {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} log line(s) with {needles:?} expected, {} found; stderr:\n{}",
-            found.len(),
-            d.stderr_tail()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The sum over cores of `/metrics` series `name` whose labels include
 /// every one of `labels`, once the endpoints' counters (published every
 /// 20 ms) show at least `min`.
 fn sip_metric(d: &Daemon, name: &str, labels: &[&str], min: u64) -> u64 {
-    d.metric_at_least(name, labels, min, LOG_WAIT)
+    d.metric_at_least(name, labels, min, METRIC_WAIT)
 }
 
 #[test]
@@ -93,23 +67,32 @@ fn basic_call_with_rtp_both_ways() {
         1,
     );
     run.assert_ok("basic_call");
-    let start = wait_lines(&d, &["sip call start"], 1);
+    let start = d.wait_records(Record::SipCallStart, &[], 1);
     println!("{}", start[0]);
     assert!(
-        start[0].contains("codec=PCMU pt=0 dtmf_pt=101 ptime_ms=20"),
+        start[0].matches(&[
+            ("codec", "PCMU"),
+            ("pt", "0"),
+            ("dtmf_pt", "101"),
+            ("ptime_ms", "20")
+        ]),
         "{}",
         start[0]
     );
-    assert!(start[0].contains("remote_rtp=127.0.0.1:"), "{}", start[0]);
-    let end = wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    assert!(
+        start[0].str("remote_rtp").starts_with("127.0.0.1:"),
+        "{}",
+        start[0]
+    );
+    let end = d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
     println!("{}", end[0]);
-    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[("codec", "PCMU")], 1);
     println!("{}", rtp[0]);
     // About 150 packets each way in 3 s; at least a second's worth.
-    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
-    assert!(field(&rtp[0], "packets_sent") >= 50, "{}", rtp[0]);
-    assert!(field(&rtp[0], "frames_to_engine") >= 10, "{}", rtp[0]);
-    let record = wait_lines(&d, &["session end", "transport=sip"], 1);
+    assert!(rtp[0].u64("received") >= 50, "{}", rtp[0]);
+    assert!(rtp[0].u64("packets_sent") >= 50, "{}", rtp[0]);
+    assert!(rtp[0].u64("frames_to_engine") >= 10, "{}", rtp[0]);
+    let record = d.wait_records(Record::SessionEnd, &[("transport", "sip")], 1);
     println!("{}", record[0]);
     // The call in /metrics: INVITE, ACK and BYE received, one call answered
     // and none left.
@@ -126,11 +109,11 @@ fn cancel_before_answer_gets_487() {
     }
     let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
     sipp(d.temp_dir(), sip, "cancel", &[], 1, 1).assert_ok("cancel");
-    let end = wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+    let end = d.wait_records(Record::SipCallEnd, &[("reason", "cancelled")], 1);
     println!("{}", end[0]);
     // The RTP session made for the call ended with it.
-    wait_lines(&d, &["rtp session end"], 1);
-    assert!(lines(&d, &["sip call start"]).len() == 1);
+    d.wait_records(Record::RtpSessionEnd, &[], 1);
+    assert!(d.records(Record::SipCallStart, &[]).len() == 1);
     assert_eq!(
         sip_metric(&d, "moshid_sip_calls_cancelled_total", &[], 1),
         1
@@ -145,7 +128,7 @@ fn options_answers_allow_and_accept() {
     }
     let (d, sip) = start("", "", &[]);
     sipp(d.temp_dir(), sip, "options", &[], 3, 10).assert_ok("options");
-    assert!(lines(&d, &["sip call start"]).is_empty());
+    assert!(d.records(Record::SipCallStart, &[]).is_empty());
 }
 
 #[test]
@@ -156,15 +139,15 @@ fn retransmitted_invite_is_one_call() {
     // Ringing for a while, so that the retransmission comes before the 200.
     let (d, sip) = start(r#""ring_ms": 1000"#, "", &[]);
     sipp(d.temp_dir(), sip, "retransmitted_invite", &[], 1, 1).assert_ok("retransmitted_invite");
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
     assert_eq!(
-        lines(&d, &["sip call start"]).len(),
+        d.records(Record::SipCallStart, &[]).len(),
         1,
         "{}",
         d.stderr_tail()
     );
     assert_eq!(
-        lines(&d, &["rtp session start"]).len(),
+        d.records(Record::RtpSessionStart, &[]).len(),
         1,
         "{}",
         d.stderr_tail()
@@ -191,7 +174,7 @@ fn busy_while_one_call_holds(extra_sip: &str, args: &[&str], code: u16, header_r
             1,
         )
     });
-    wait_lines(&d, &["sip call start"], 1);
+    d.wait_records(Record::SipCallStart, &[], 1);
     sipp(
         d.temp_dir(),
         sip,
@@ -238,7 +221,7 @@ fn no_common_codec_gets_488() {
     }
     let (d, sip) = start("", "", &[]);
     sipp(d.temp_dir(), sip, "no_codec", &[], 1, 1).assert_ok("no_codec");
-    assert!(lines(&d, &["rtp session start"]).is_empty());
+    assert!(d.records(Record::RtpSessionStart, &[]).is_empty());
 }
 
 #[test]
@@ -259,10 +242,10 @@ fn moshid_hangs_up_at_max_session_seconds() {
     )
     .assert_ok("bye_from_moshid");
     println!("BYE from moshid after {:.1} s", t.elapsed().as_secs_f64());
-    let end = wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    let end = d.wait_records(Record::SipCallEnd, &[("reason", "bye_answered")], 1);
     println!("{}", end[0]);
-    let rec = wait_lines(&d, &["session end", "transport=sip"], 1);
-    assert!(rec[0].contains("max_duration"), "{}", rec[0]);
+    let rec = d.wait_records(Record::SessionEnd, &[("transport", "sip")], 1);
+    assert_eq!(rec[0].str("reason"), "max_duration", "{}", rec[0]);
 }
 
 #[test]
@@ -273,9 +256,9 @@ fn hold_and_resume_by_reinvite() {
     let (d, sip) = start("", "", &[]);
     sipp(d.temp_dir(), sip, "hold", &[], 1, 1).assert_ok("hold");
     for dir in ["recvonly", "inactive", "sendrecv"] {
-        wait_lines(&d, &["sip call reinvite", &format!("direction={dir}")], 1);
+        d.wait_records(Record::SipCallReinvite, &[("direction", dir)], 1);
     }
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
 }
 
 #[test]
@@ -298,21 +281,29 @@ fn codec_change_by_reinvite() {
         1,
     )
     .assert_ok("codec_change");
-    let re = wait_lines(&d, &["sip call reinvite", "codec=PCMA pt=8"], 1);
+    let re = d.wait_records(
+        Record::SipCallReinvite,
+        &[("codec", "PCMA"), ("pt", "8")],
+        1,
+    );
     println!("{}", re[0]);
-    let switched = wait_lines(&d, &["rtp session media", "codec=PCMA pt=8"], 1);
+    let switched = d.wait_records(
+        Record::RtpSessionMedia,
+        &[("codec", "PCMA"), ("pt", "8")],
+        1,
+    );
     println!("{}", switched[0]);
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
     // The session went on across the switch (one session, one slot) and
     // ended on PCMA, having taken audio on both codecs: 50 packets each,
     // none of them of a payload type it did not expect.
-    let rtp = wait_lines(&d, &["rtp session end"], 1);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[], 1);
     println!("{}", rtp[0]);
-    assert!(rtp[0].contains("codec=PCMA"), "{}", rtp[0]);
-    assert!(field(&rtp[0], "received") >= 90, "{}", rtp[0]);
-    assert_eq!(field(&rtp[0], "wrong_payload_type"), 0, "{}", rtp[0]);
-    assert!(field(&rtp[0], "packets_sent") >= 100, "{}", rtp[0]);
-    assert_eq!(lines(&d, &["rtp session start"]).len(), 1);
+    assert!(rtp[0].matches(&[("codec", "PCMA")]), "{}", rtp[0]);
+    assert!(rtp[0].u64("received") >= 90, "{}", rtp[0]);
+    assert_eq!(rtp[0].u64("wrong_payload_type"), 0, "{}", rtp[0]);
+    assert!(rtp[0].u64("packets_sent") >= 100, "{}", rtp[0]);
+    assert_eq!(d.records(Record::RtpSessionStart, &[]).len(), 1);
 }
 
 #[test]
@@ -342,9 +333,9 @@ fn many_calls_at_once() {
     )
     .assert_ok("many calls");
     println!("{calls} calls in {:.1} s", t.elapsed().as_secs_f64());
-    let ends = wait_lines(&d, &["rtp session end"], calls as usize);
-    let received: Vec<u64> = ends.iter().map(|l| field(l, "received")).collect();
-    let sent: Vec<u64> = ends.iter().map(|l| field(l, "packets_sent")).collect();
+    let ends = d.wait_records(Record::RtpSessionEnd, &[], calls as usize);
+    let received: Vec<u64> = ends.iter().map(|l| l.u64("received")).collect();
+    let sent: Vec<u64> = ends.iter().map(|l| l.u64("packets_sent")).collect();
     println!(
         "RTP per call: received min {} max {}, sent min {} max {}",
         received.iter().min().unwrap(),
@@ -352,10 +343,11 @@ fn many_calls_at_once() {
         sent.iter().min().unwrap(),
         sent.iter().max().unwrap()
     );
-    assert_eq!(lines(&d, &["sip call start"]).len(), calls as usize);
+    assert_eq!(d.records(Record::SipCallStart, &[]).len(), calls as usize);
     assert!(received.iter().all(|&r| r > 0) && sent.iter().all(|&s| s > 0));
     assert_eq!(
-        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        d.records(Record::SipCallEnd, &[("reason", "bye_from_peer")])
+            .len(),
         calls as usize
     );
 }
@@ -386,20 +378,20 @@ fn fifty_calls_at_once_each_answered_or_refused() {
         calls,
     )
     .assert_ok("50 calls");
-    let answered = lines(&d, &["sip call start"]).len();
+    let answered = d.records(Record::SipCallStart, &[]).len();
     println!(
         "{calls} calls in {:.1} s: {answered} answered, {} refused",
         t.elapsed().as_secs_f64(),
         calls as usize - answered
     );
     assert!(answered >= 1, "{}", d.stderr_tail());
-    let ends = wait_lines(&d, &["rtp session end"], answered);
+    let ends = d.wait_records(Record::RtpSessionEnd, &[], answered);
     assert!(
         ends.iter()
-            .all(|l| field(l, "received") > 0 && field(l, "packets_sent") > 0),
+            .all(|l| l.u64("received") > 0 && l.u64("packets_sent") > 0),
         "{ends:#?}"
     );
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], answered);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], answered);
     let refused = (calls as usize - answered) as u64;
     let busy = r#"reason="busy""#;
     assert_eq!(
@@ -520,7 +512,7 @@ fn ok_retransmitted_until_ack() {
             break;
         }
     }
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
 }
 
 #[test]
@@ -544,7 +536,7 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
             1,
         )
     });
-    wait_lines(&d, &["sip call start"], 1);
+    d.wait_records(Record::SipCallStart, &[], 1);
     let p = RawPeer::new(sip);
     let port = p.port();
     let n = std::cell::Cell::new(0u32);
@@ -674,10 +666,10 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
     call.join()
         .unwrap()
         .assert_ok("the call next to the malformed requests");
-    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
-    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[("codec", "PCMU")], 1);
+    assert!(rtp[0].u64("received") >= 50, "{}", rtp[0]);
     assert_eq!(
-        lines(&d, &["sip call start"]).len(),
+        d.records(Record::SipCallStart, &[]).len(),
         1,
         "only the real call started"
     );
@@ -687,7 +679,7 @@ fn malformed_requests_get_4xx_and_the_call_goes_on() {
 /// `extra_sip` keys of `sip`) from account `account`, plays a WAV file and
 /// records what it hears (its `sndfile` module dumps the decoded audio);
 /// returns (samples heard, moshid's RTP end line, its call start line).
-fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, String, String) {
+fn baresip_call(codec: &str, extra_sip: &str, account: &str) -> (usize, LogRecord, LogRecord) {
     baresip_call_to(codec, extra_sip, account, "")
 }
 
@@ -697,7 +689,7 @@ fn baresip_call_to(
     extra_sip: &str,
     account: &str,
     uri_params: &str,
-) -> (usize, String, String) {
+) -> (usize, LogRecord, LogRecord) {
     let sep = if extra_sip.is_empty() { "" } else { ", " };
     let (d, sip) = start(
         &format!(r#""codecs": ["{codec}"]{sep}{extra_sip}"#),
@@ -734,7 +726,7 @@ fn baresip_call_to(
          audio_player aubridge,moshid\naudio_alert aubridge,moshid\nmodule_path /usr/lib/baresip/modules\n\
          module menu.so\nmodule g711.so\nmodule opus.so\nmodule aufile.so\nmodule aubridge.so\n\
          module sndfile.so\nsnd_path {dir}\n",
-        port = sip_common::free_udp_port(),
+        port = moshid_testkit::sip::free_udp_port(),
         input = input.display(),
         dir = dir.display()
     );
@@ -764,7 +756,7 @@ fn baresip_call_to(
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let rtp = wait_lines(&d, &["rtp session end"], 1).remove(0);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[], 1).remove(0);
     println!("{rtp}");
     let heard = std::fs::read_dir(&dir)
         .unwrap()
@@ -789,9 +781,9 @@ fn baresip_call_to(
         samples.len(),
         samples.len() as f64 / rate as f64 / heard_channels.max(1) as f64
     );
-    let start = wait_lines(&d, &["sip call start"], 1).remove(0);
+    let start = d.wait_records(Record::SipCallStart, &[], 1).remove(0);
     println!("{start}");
-    assert!(start.contains(&format!("codec={codec}")), "{start}");
+    assert_eq!(start.str("codec"), codec, "{start}");
     // In 8 kHz mono samples.
     let per_8k = (rate as usize / 8000).max(1) * heard_channels.max(1);
     (samples.len() / per_8k, rtp, start)
@@ -804,8 +796,8 @@ fn baresip_calls_with_pcmu() {
     }
     let (heard, rtp, _) = baresip_call("PCMU", "", "sip:baresip@127.0.0.1;regint=0");
     // baresip plays 4 s: moshid received and answered at least 2 s of it.
-    assert!(field(&rtp, "received") >= 100, "{rtp}");
-    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(rtp.u64("received") >= 100, "{rtp}");
+    assert!(rtp.u64("packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
 }
 
@@ -815,8 +807,8 @@ fn baresip_calls_with_opus() {
         return;
     }
     let (heard, rtp, _) = baresip_call("opus", "", "sip:baresip@127.0.0.1;regint=0");
-    assert!(field(&rtp, "received") >= 100, "{rtp}");
-    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(rtp.u64("received") >= 100, "{rtp}");
+    assert!(rtp.u64("packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
 }
 
@@ -853,15 +845,15 @@ fn auth_call_with_credentials_has_rtp() {
         &["-auth_uri", &auth_uri],
     )
     .assert_ok("auth_call");
-    let start = wait_lines(&d, &["sip call start"], 1);
+    let start = d.wait_records(Record::SipCallStart, &[], 1);
     println!("{}", start[0]);
-    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
-    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    assert_eq!(start[0].str("caller"), "alice", "{}", start[0]);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[("codec", "PCMU")], 1);
     println!("{}", rtp[0]);
-    assert!(field(&rtp[0], "received") >= 50, "{}", rtp[0]);
-    assert!(field(&rtp[0], "packets_sent") >= 50, "{}", rtp[0]);
-    assert_eq!(lines(&d, &["sip call start"]).len(), 1);
+    assert!(rtp[0].u64("received") >= 50, "{}", rtp[0]);
+    assert!(rtp[0].u64("packets_sent") >= 50, "{}", rtp[0]);
+    assert_eq!(d.records(Record::SipCallStart, &[]).len(), 1);
 }
 
 #[test]
@@ -883,13 +875,16 @@ fn auth_wrong_password_gets_401_again_and_no_call() {
         )
         .assert_ok(&format!("auth_wrong ({user}/{password})"));
     }
-    wait_lines(&d, &["digest authentication: wrong credentials"], 1);
+    d.wait_record(
+        Record::SipRequestRefused,
+        &[("reason", "digest authentication: wrong credentials")],
+    );
     assert!(
-        lines(&d, &["sip call start"]).is_empty(),
+        d.records(Record::SipCallStart, &[]).is_empty(),
         "{}",
         d.stderr_tail()
     );
-    assert!(lines(&d, &["rtp session start"]).is_empty());
+    assert!(d.records(Record::RtpSessionStart, &[]).is_empty());
     // Each INVITE was challenged, first without credentials, then for
     // wrong ones; none authenticated.
     let challenged = r#"result="challenged""#;
@@ -907,7 +902,7 @@ fn auth_without_credentials_gets_both_challenges() {
     sipp(d.temp_dir(), sip, "auth_challenge", &[], 1, 1).assert_ok("auth_challenge");
     // A trunk's OPTIONS ping needs no credentials.
     sipp(d.temp_dir(), sip, "options", &[], 1, 1).assert_ok("options with sip.auth");
-    assert!(lines(&d, &["sip call start"]).is_empty());
+    assert!(d.records(Record::SipCallStart, &[]).is_empty());
 }
 
 /// The value of parameter `name` in a `WWW-Authenticate` line.
@@ -1075,13 +1070,13 @@ fn auth_sha256_raw_peer_stale_replay_and_malformed() {
         &format!("Authorization: {good}\r\n"),
     );
     assert_eq!(code, 200, "{ok}");
-    let start = wait_lines(&d, &["sip call start"], 1);
-    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
+    let start = d.wait_records(Record::SipCallStart, &[], 1);
+    assert_eq!(start[0].str("caller"), "alice", "{}", start[0]);
     let to = header(&ok, "To").unwrap().to_string();
     p.send(&p.request("ACK", "sha-1", "z9hG4bK-sha-ack", 3, &to, ""));
     p.send(&p.request("BYE", "sha-1", "z9hG4bK-sha-bye", 4, &to, ""));
     assert_eq!(p.final_for("4 BYE").0, 200);
-    wait_lines(&d, &["sip call end", "reason=bye_from_peer"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_from_peer")], 1);
     // The same answer again (a replay, as from someone who overheard it):
     // a right digest on a used nonce count is stale.
     let (code, m) = p.invite_final(
@@ -1108,7 +1103,7 @@ fn auth_sha256_raw_peer_stale_replay_and_malformed() {
     assert_eq!(code, 401, "{m}");
     assert!(challenges(&m)[0].ends_with("stale=true"), "{m}");
     assert_eq!(
-        lines(&d, &["sip call start"]).len(),
+        d.records(Record::SipCallStart, &[]).len(),
         1,
         "{}",
         d.stderr_tail()
@@ -1136,8 +1131,8 @@ fn auth_and_allowed_sources_combine() {
         1,
     )
     .assert_ok("basic_call from a listed source");
-    let start = wait_lines(&d, &["sip call start"], 1);
-    assert!(start[0].ends_with("caller=-"), "{}", start[0]);
+    let start = d.wait_records(Record::SipCallStart, &[], 1);
+    assert_eq!(start[0].str("caller"), "-", "{}", start[0]);
     // Another source (127.0.0.2, still loopback) must authenticate; its
     // OPTIONS ping is answered.
     let p = RawPeer::bound("127.0.0.2:0", sip);
@@ -1159,8 +1154,12 @@ fn auth_and_allowed_sources_combine() {
     p.send(&p.request("ACK", "other-1", "z9hG4bK-other-ack", 2, &to, ""));
     p.send(&p.request("BYE", "other-1", "z9hG4bK-other-bye", 3, &to, ""));
     assert_eq!(p.final_for("3 BYE").0, 200);
-    let starts = wait_lines(&d, &["sip call start", "caller=alice"], 1);
-    assert!(starts[0].contains("from=127.0.0.2:"), "{}", starts[0]);
+    let starts = d.wait_records(Record::SipCallStart, &[("caller", "alice")], 1);
+    assert!(
+        starts[0].str("from").starts_with("127.0.0.2:"),
+        "{}",
+        starts[0]
+    );
 }
 
 /// linphone (Debian linphone-cli, belle-sip 5) dials moshid, which offers
@@ -1199,11 +1198,11 @@ fn linphone_authenticates_with_sha256() {
     // No sound card in the namespace: WAV files stand in for one.
     writeln!(stdin, "soundcard use files").unwrap();
     writeln!(stdin, "call sip:moshi@{sip}").unwrap();
-    let start = wait_lines(&d, &["sip call start"], 1);
+    let start = d.wait_records(Record::SipCallStart, &[], 1);
     println!("{}", start[0]);
     std::thread::sleep(Duration::from_secs(2));
     writeln!(stdin, "terminate").unwrap();
-    let end = wait_lines(&d, &["sip call end"], 1);
+    let end = d.wait_records(Record::SipCallEnd, &[], 1);
     println!("{}", end[0]);
     writeln!(stdin, "quit").unwrap();
     drop(stdin);
@@ -1220,7 +1219,7 @@ fn linphone_authenticates_with_sha256() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let rtp = wait_lines(&d, &["rtp session end"], 1);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[], 1);
     println!("{}", rtp[0]);
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     let answers: Vec<&str> = log
@@ -1233,12 +1232,12 @@ fn linphone_authenticates_with_sha256() {
             .first()
             .unwrap_or(&"(no Authorization in linphone's log)")
     );
-    assert!(start[0].ends_with("caller=alice"), "{}", start[0]);
-    assert!(start[0].contains("codec=PCMU"), "{}", start[0]);
-    assert!(end[0].contains("reason=bye_from_peer"), "{}", end[0]);
+    assert_eq!(start[0].str("caller"), "alice", "{}", start[0]);
+    assert!(start[0].matches(&[("codec", "PCMU")]), "{}", start[0]);
+    assert!(end[0].matches(&[("reason", "bye_from_peer")]), "{}", end[0]);
     // moshid's media reached linphone's address (linphone itself sends
     // nothing: no file is given to stand in for its microphone).
-    assert!(field(&rtp[0], "packets_sent") > 0, "{}", rtp[0]);
+    assert!(rtp[0].u64("packets_sent") > 0, "{}", rtp[0]);
     assert!(
         answers
             .first()
@@ -1276,14 +1275,14 @@ fn cancel_from_another_source_gets_481() {
     b.send(&cancel());
     assert_eq!(b.final_for("1 CANCEL").0, 481);
     assert!(
-        lines(&d, &["sip call end"]).is_empty(),
+        d.records(Record::SipCallEnd, &[]).is_empty(),
         "{}",
         d.stderr_tail()
     );
     a.send(&cancel());
     assert_eq!(a.final_for("1 CANCEL").0, 200);
     assert_eq!(a.final_for("1 INVITE").0, 487);
-    wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "cancelled")], 1);
 }
 
 /// baresip (1.0, libre 1.1: MD5 only, and it gives up on a SHA-256
@@ -1299,9 +1298,9 @@ fn baresip_authenticates_with_md5() {
         &auth_config(r#""algorithms": ["MD5"]"#),
         "<sip:alice@127.0.0.1>;auth_pass=s3cret;regint=0",
     );
-    assert!(start.ends_with("caller=alice"), "{start}");
-    assert!(field(&rtp, "received") >= 100, "{rtp}");
-    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert_eq!(start.str("caller"), "alice", "{start}");
+    assert!(rtp.u64("received") >= 100, "{rtp}");
+    assert!(rtp.u64("packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
 }
 
@@ -1329,25 +1328,28 @@ fn tcp_calls(mode: &[&str], calls: u32) {
         mode,
     )
     .assert_ok(&format!("basic_call over TCP ({mode:?})"));
-    let starts = wait_lines(&d, &["sip call start"], calls as usize);
+    let starts = d.wait_records(Record::SipCallStart, &[], calls as usize);
     println!("{}", starts[0]);
     for s in &starts {
-        assert!(s.contains("from=tcp:127.0.0.1:"), "{s}");
-        assert!(s.contains("codec=PCMU pt=0"), "{s}");
+        assert!(s.str("from").starts_with("tcp:127.0.0.1:"), "{s}");
+        assert!(s.matches(&[("codec", "PCMU"), ("pt", "0")]), "{s}");
     }
-    let ends = wait_lines(&d, &["rtp session end", "codec=PCMU"], calls as usize);
+    let ends = d.wait_records(Record::RtpSessionEnd, &[("codec", "PCMU")], calls as usize);
     for rtp in &ends {
         println!("{rtp}");
         // About 150 packets each way in 3 s; at least a second's worth.
-        assert!(field(rtp, "received") >= 50, "{rtp}");
-        assert!(field(rtp, "packets_sent") >= 50, "{rtp}");
+        assert!(rtp.u64("received") >= 50, "{rtp}");
+        assert!(rtp.u64("packets_sent") >= 50, "{rtp}");
     }
     assert_eq!(
-        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        d.records(Record::SipCallEnd, &[("reason", "bye_from_peer")])
+            .len(),
         calls as usize
     );
-    let closes = wait_lines(&d, &["sip tcp close", "reason=peer_closed"], 1);
-    println!("{}", closes.join("\n"));
+    let closes = d.wait_records(Record::SipTcpClose, &[("reason", "peer_closed")], 1);
+    for c in &closes {
+        println!("{c}");
+    }
 }
 
 #[test]
@@ -1381,9 +1383,9 @@ fn tcp_cancel_and_options() {
     }
     let (d, sip) = start(r#""ring_ms": 10000"#, "", &[]);
     sipp_with(d.temp_dir(), sip, "cancel", &[], 1, 1, T1).assert_ok("cancel over TCP");
-    let end = wait_lines(&d, &["sip call end", "reason=cancelled"], 1);
+    let end = d.wait_records(Record::SipCallEnd, &[("reason", "cancelled")], 1);
     println!("{}", end[0]);
-    wait_lines(&d, &["rtp session end"], 1);
+    d.wait_records(Record::RtpSessionEnd, &[], 1);
     sipp_with(d.temp_dir(), sip, "options", &[], 3, 10, T1).assert_ok("options over TCP");
     sipp_with(d.temp_dir(), sip, "options", &[], 3, 10, TN).assert_ok("options over TCP, tn");
 }
@@ -1405,7 +1407,7 @@ fn tcp_moshid_hangs_up_over_the_connection() {
         T1,
     )
     .assert_ok("bye_from_moshid over TCP");
-    let end = wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    let end = d.wait_records(Record::SipCallEnd, &[("reason", "bye_answered")], 1);
     println!("{}", end[0]);
 }
 
@@ -1420,9 +1422,9 @@ fn baresip_calls_over_tcp() {
         "sip:baresip@127.0.0.1;regint=0",
         ";transport=tcp",
     );
-    assert!(start.contains("from=tcp:127.0.0.1:"), "{start}");
-    assert!(field(&rtp, "received") >= 100, "{rtp}");
-    assert!(field(&rtp, "packets_sent") >= 100, "{rtp}");
+    assert!(start.str("from").starts_with("tcp:127.0.0.1:"), "{start}");
+    assert!(rtp.u64("received") >= 100, "{rtp}");
+    assert!(rtp.u64("packets_sent") >= 100, "{rtp}");
     assert!(heard >= 8000 * 2, "baresip heard {heard} samples");
 }
 
@@ -1607,8 +1609,10 @@ fn tcp_framing_edge_cases() {
     let mut p = TcpPeer::connect(sip);
     p.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n");
     assert_eq!(p.closed(), "");
-    let closes = wait_lines(&d, &["sip tcp close", "reason=stream_fault"], 4);
-    println!("{}", closes.join("\n"));
+    let closes = d.wait_records(Record::SipTcpClose, &[("reason", "stream_fault")], 4);
+    for c in &closes {
+        println!("{c}");
+    }
     // The daemon still serves TCP.
     let mut p = TcpPeer::connect(sip);
     p.write(p.options("z9hG4bK-after").as_bytes());
@@ -1671,7 +1675,7 @@ fn tcp_dialog_over_the_connection_and_its_close() {
         header(&bye, "CSeq").unwrap()
     );
     p.write(ok_bye.as_bytes());
-    wait_lines(&d, &["sip call end", "reason=bye_answered"], 1);
+    d.wait_records(Record::SipCallEnd, &[("reason", "bye_answered")], 1);
     // Call 2 on the same connection: the connection closes mid-call, the
     // call ends with it.
     let (d2, sip2) = start("", "", &[]);
@@ -1688,11 +1692,15 @@ fn tcp_dialog_over_the_connection_and_its_close() {
         p.in_dialog("ACK", "tcp-2", &to, 1, "z9hG4bK-tcp-2-ack")
             .as_bytes(),
     );
-    wait_lines(&d2, &["sip call start", "call_id=tcp-2"], 1);
+    d2.wait_records(Record::SipCallStart, &[("call_id", "tcp-2")], 1);
     drop(p);
-    let end = wait_lines(&d2, &["sip call end", "reason=sip_connection_closed"], 1);
+    let end = d2.wait_records(
+        Record::SipCallEnd,
+        &[("reason", "sip_connection_closed")],
+        1,
+    );
     println!("{}", end[0]);
-    wait_lines(&d2, &["rtp session end"], 1);
+    d2.wait_records(Record::RtpSessionEnd, &[], 1);
     drop(d);
 }
 
@@ -1721,7 +1729,7 @@ fn tcp_idle_connections_close_and_pings_keep_them() {
         "closed {:.1} s after the last ping",
         t.elapsed().as_secs_f64()
     );
-    wait_lines(&d, &["sip tcp close", "reason=idle_timeout"], 1);
+    d.wait_records(Record::SipTcpClose, &[("reason", "idle_timeout")], 1);
 }
 
 #[test]
@@ -1740,7 +1748,7 @@ fn tcp_connection_limit() {
     assert_eq!(c.closed(), "", "a third connection is closed at once");
     drop(a);
     // Its place comes back.
-    let deadline = Instant::now() + LOG_WAIT;
+    let deadline = Instant::now() + IDLE_TIMEOUT;
     loop {
         let mut e = TcpPeer::connect(sip);
         if e.stream
@@ -1780,7 +1788,7 @@ fn bad_tcp_clients_beside_a_udp_call() {
             1,
         )
     });
-    wait_lines(&d, &["sip call start"], 1);
+    d.wait_records(Record::SipCallStart, &[], 1);
     // While it runs: connections beyond the limit, garbage, endless heads,
     // missing Content-Length, oversized messages, silent connections.
     let mut silent: Vec<std::net::TcpStream> = Vec::new();
@@ -1802,14 +1810,15 @@ fn bad_tcp_clients_beside_a_udp_call() {
     }
     let run = call.join().unwrap();
     run.assert_ok("the UDP call beside bad TCP clients");
-    let rtp = wait_lines(&d, &["rtp session end", "codec=PCMU"], 1);
+    let rtp = d.wait_records(Record::RtpSessionEnd, &[("codec", "PCMU")], 1);
     println!("{}", rtp[0]);
-    assert!(field(&rtp[0], "received") >= 100, "{}", rtp[0]);
-    assert!(field(&rtp[0], "packets_sent") >= 100, "{}", rtp[0]);
+    assert!(rtp[0].u64("received") >= 100, "{}", rtp[0]);
+    assert!(rtp[0].u64("packets_sent") >= 100, "{}", rtp[0]);
     assert_eq!(
-        lines(&d, &["sip call end", "reason=bye_from_peer"]).len(),
+        d.records(Record::SipCallEnd, &[("reason", "bye_from_peer")])
+            .len(),
         1
     );
-    println!("tcp closes: {}", lines(&d, &["sip tcp close"]).len());
+    println!("tcp closes: {}", d.records(Record::SipTcpClose, &[]).len());
     drop(silent);
 }

@@ -2,7 +2,7 @@
 //! (`POST /v1/sip/calls`) and its registrations (`sip.registrations`) —
 //! against the real `moshid serve` and sipp (Debian's sip-tester) as the
 //! far end, each test in a network namespace of its own with only
-//! loopback (`sip_common`).
+//! loopback (`moshid_testkit::sip`).
 //!
 //! Scenarios (`tests/data/sip/uas_*.xml`, `registrar.xml`): a callee that
 //! answers PCMU and sends RTP while moshid sends its own, then hangs up; a
@@ -15,19 +15,16 @@
 //!
 //! Nothing asserts timing.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-mod sip_common;
-
-use common::{json_request, Daemon};
+use moshid_testkit::audio::ulaw_file;
+use moshid_testkit::prelude::*;
+use moshid_testkit::sip::{inside_netns, need, sip_config, SippServer};
 use serde_json::{json, Value};
-use sip_common::{field, inside_netns, need, sip_config, ulaw_file, SippServer};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn start(extra_sip: &str) -> Daemon {
-    Daemon::start(&[], Some(&sip_config(extra_sip, "")))
+    daemon!().config(&sip_config(extra_sip, "")).start()
 }
 
 /// Places a call to `user` at `server`; returns its id.
@@ -96,18 +93,23 @@ fn a_placed_call_is_answered_with_rtp_both_ways() {
     println!("{ended}");
     assert_eq!(ended["reason"], "bye_from_peer", "{ended}");
     assert_eq!(ended["status_code"], 200, "{ended}");
-    let start = d.wait_for_log_line(&["sip call start", "direction=outbound"], WAIT);
+    let start = d.wait_record(Record::SipCallStart, &[("direction", "outbound")]);
     println!("{start}");
     assert!(
-        start.contains("codec=PCMU pt=0 dtmf_pt=102 ptime_ms=20"),
+        start.matches(&[
+            ("codec", "PCMU"),
+            ("pt", "0"),
+            ("dtmf_pt", "102"),
+            ("ptime_ms", "20")
+        ]),
         "{start}"
     );
-    let rtp = d.wait_for_log_line(&["rtp session end", "codec=PCMU"], WAIT);
+    let rtp = d.wait_record(Record::RtpSessionEnd, &[("codec", "PCMU")]);
     println!("{rtp}");
     // About 150 packets each way in 3 s; at least a second's worth.
-    assert!(field(&rtp, "received") >= 50, "{rtp}");
-    assert!(field(&rtp, "packets_sent") >= 50, "{rtp}");
-    assert!(field(&rtp, "frames_to_engine") >= 10, "{rtp}");
+    assert!(rtp.u64("received") >= 50, "{rtp}");
+    assert!(rtp.u64("packets_sent") >= 50, "{rtp}");
+    assert!(rtp.u64("frames_to_engine") >= 10, "{rtp}");
     assert_eq!(
         d.metric_at_least(
             "moshid_sip_outbound_calls_total",
@@ -195,8 +197,8 @@ fn a_busy_callee_fails_the_call_and_gets_its_ack() {
         ),
         1
     );
-    let line = d.wait_for_log_line(&["session end", "transport=sip"], WAIT);
-    assert!(line.contains("refused"), "{line}");
+    let line = d.wait_record(Record::SessionEnd, &[("transport", "sip")]);
+    assert_eq!(line.str("reason"), "refused", "{line}");
 }
 
 #[test]
@@ -297,7 +299,7 @@ fn a_registration_answers_the_challenge_and_refreshes() {
     // It granted 600 s to a binding asked for 120: moshid keeps the
     // shorter (it refreshes before either runs out).
     assert_eq!(reg["expires_s"], 120, "{reg}");
-    d.wait_for_log_line(&["sip registered", "aor=sip:600@pbx.test"], WAIT);
+    d.wait_record(Record::SipRegistered, &[("aor", "sip:600@pbx.test")]);
     assert!(
         d.metric_at_least(
             "moshid_sip_registrations_total",

@@ -14,14 +14,13 @@
 //!   stream, with an `error` event and a close (1002) giving the reason,
 //!   while a concurrent healthy stream completes.
 
-mod telephony_common;
-
 use base64::Engine;
+use moshid_testkit::daemon::one_at_a_time;
+use moshid_testkit::prelude::*;
 use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
-use telephony_common::*;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
 
@@ -304,8 +303,8 @@ fn healthy_stream(addr: SocketAddr, sid: &str) -> Client {
 
 #[test]
 fn a_stream_gets_paced_media_and_its_marks_echoed() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(&[], Some(CONFIG));
+    let _serial = one_at_a_time();
+    let daemon = daemon!().config(CONFIG).start();
     let waited = ["sum", "count"].map(|w| daemon.stage_total("frame_wait", w));
     let mut c = healthy_stream(daemon.addr, "MZ00000000000000000000000000000001");
     let arrivals = c.check_media();
@@ -321,34 +320,31 @@ fn a_stream_gets_paced_media_and_its_marks_echoed() {
     let sid = c.sid.clone();
     c.send(json!({"event": "stop", "sequenceNumber": "200", "streamSid": sid, "stop": {"accountSid": "AC0", "callSid": "CA0"}}));
     c.wait_closed();
-    let line = daemon.wait_for_log_line(
-        &["media stream end", "MZ00000000000000000000000000000001"],
-        Duration::from_secs(10),
+    let end = daemon.wait_record(
+        Record::MediaStreamEnd,
+        &[("stream_sid", "MZ00000000000000000000000000000001")],
     );
-    println!("{line}");
+    println!("{end}");
     assert!(
-        line.contains("media_in=100") && line.contains("media_out=96"),
-        "{line}"
-    );
-    assert!(
-        line.contains("dtmf=1") && line.contains(r#"digits="7""#) && line.contains("marks=2"),
-        "{line}"
-    );
-    assert!(line.contains("reason=client_closed"), "{line}");
-    let session = daemon.wait_for_log_line(
-        &["session end", "transport=media_stream"],
-        Duration::from_secs(10),
+        end.matches(&[("media_in", "100"), ("media_out", "96")]),
+        "{end}"
     );
     assert!(
-        session.contains("frames_in=25") && session.contains("frames_out=24"),
+        end.matches(&[("dtmf", "1"), ("digits", "7"), ("marks", "2")]),
+        "{end}"
+    );
+    assert_eq!(end.str("reason"), "client_closed", "{end}");
+    let session = daemon.wait_record(Record::SessionEnd, &[("transport", "media_stream")]);
+    assert!(
+        session.matches(&[("frames_in", "25"), ("frames_out", "24")]),
         "{session}"
     );
 }
 
 #[test]
 fn clear_flushes_queued_audio_and_releases_the_pending_mark() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(&[], Some(CONFIG));
+    let _serial = one_at_a_time();
+    let daemon = daemon!().config(CONFIG).start();
     let mut c = Client::connect(daemon.addr, "MZclear");
     c.start(json!({}));
     let mut clear_at_event = 0;
@@ -381,12 +377,9 @@ fn clear_flushes_queued_audio_and_releases_the_pending_mark() {
     c.check_media();
     c.send(json!({"event": "stop", "streamSid": "MZclear"}));
     c.wait_closed();
-    let line = daemon.wait_for_log_line(&["media stream end", "MZclear"], Duration::from_secs(10));
-    println!("{line}");
-    assert!(
-        line.contains("clears=1") && line.contains("marks=2"),
-        "{line}"
-    );
+    let end = daemon.wait_record(Record::MediaStreamEnd, &[("stream_sid", "MZclear")]);
+    println!("{end}");
+    assert!(end.matches(&[("clears", "1"), ("marks", "2")]), "{end}");
 }
 
 /// A stream that breaks the protocol: sends `msgs` after `start` (or
@@ -408,11 +401,13 @@ fn bad_stream(addr: SocketAddr, sid: &str, with_start: bool, msgs: Vec<Message>)
 
 #[test]
 fn bad_events_end_only_their_own_stream() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let daemon = Daemon::start(&[], Some(CONFIG));
+    let _serial = one_at_a_time();
+    let daemon = daemon!().config(CONFIG).start();
     let addr = daemon.addr;
     let healthy = thread::spawn(move || healthy_stream(addr, "MZhealthy"));
-    thread::sleep(Duration::from_millis(300));
+    daemon.wait_capacity("the healthy stream to be live", |c| {
+        c["capacity"]["active_sessions"] == 1
+    });
     let text = |s: &str| Message::Text(s.to_string().into());
     let media_before_start =
         json!({"event": "media", "streamSid": "MZx", "media": {"payload": "/////w=="}}).to_string();
@@ -492,9 +487,9 @@ fn bad_events_end_only_their_own_stream() {
     assert!(!c.closed, "the healthy stream was closed");
     c.check_media();
     for sid in ["MZjson", "MZbase64", "MZunknown", "MZbinary"] {
-        daemon.wait_for_log_line(
-            &["media stream end", sid, "reason=protocol_error"],
-            Duration::from_secs(10),
+        daemon.wait_record(
+            Record::MediaStreamEnd,
+            &[("stream_sid", sid), ("reason", "protocol_error")],
         );
     }
 }
