@@ -349,6 +349,53 @@ def sip_client_response():
     yield "200-register", response(200, "OK", "Contact: <sip:600@127.0.0.1:5060>;expires=120\r\nExpires: 300\r\n")
 
 
+def text_msgs(events):
+    """`(u16 length, message)` of each event, JSON unless already bytes."""
+    out = b""
+    for e in events:
+        body = e if isinstance(e, bytes) else json.dumps(e).encode()
+        out += struct.pack(">H", len(body)) + body
+    return out
+
+
+@seeds("realtime_client_event")
+def realtime_client_event():
+    # [flags, (u16 len, message)...]: events as the openai SDK and Pipecat
+    # send them; flags bit 0 picks the translation endpoint, bits 1-3 the
+    # frame budget.
+    import base64
+    import math
+    pcm = b"".join(struct.pack("<h", int(9000 * math.sin(i / 10))) for i in range(2400))
+    b64 = base64.b64encode(pcm).decode()
+    update = {"type": "session.update", "session": {"type": "realtime", "model": "m", "tools": [],
+              "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                  "turn_detection": {"type": "server_vad", "threshold": 0.5,
+                                                     "prefix_padding_ms": 300, "silence_duration_ms": 500}},
+                        "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": None}}}}
+    g711 = {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}},
+                                                            "output": {"format": {"type": "audio/pcma"}}}}}
+    append = {"type": "input_audio_buffer.append", "event_id": "e1", "audio": b64}
+    yield "sdk-conversation", bytes([6]) + text_msgs([
+        update, append, append, {"type": "input_audio_buffer.commit"},
+        {"type": "response.create", "response": {"output_modalities": ["audio"]}},
+        {"type": "response.cancel"}, {"type": "input_audio_buffer.clear"},
+        {"type": "conversation.item.truncate", "item_id": "item_1_a1", "content_index": 0, "audio_end_ms": 500},
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "hi"}]}},
+        {"type": "session.update", "session": {"instructions": "be brief", "audio": {"output": {"voice": "alloy"}}}},
+    ])
+    yield "g711", bytes([0]) + text_msgs([g711, {"type": "input_audio_buffer.append",
+                                                 "audio": base64.b64encode(bytes(range(256)) * 3).decode()}])
+    yield "translation", bytes([3]) + text_msgs([
+        {"type": "session.update", "session": {"audio": {"output": {"language": "en"},
+                                                         "input": {"transcription": None}}}},
+        {"type": "session.input_audio_buffer.append", "audio": b64},
+        {"type": "session.close"},
+    ])
+    yield "malformed", bytes([0]) + text_msgs([append, b'{"type": "input_audio_buffer.append", "audio": "AA=="}'])
+    yield "not-json", bytes([0]) + text_msgs([b"{not json"])
+
+
 def main(argv):
     if argv == ["--list"]:
         print("\n".join(sorted(GENERATORS)))

@@ -232,7 +232,11 @@ fn admission_refuses_when_every_slot_is_held() {
     // dropped connection).
     for (who, c) in [("a", a), ("b", b)] {
         let log = c.close();
-        assert!(log.close_received, "{who}: no close reply: {}", log.summary());
+        assert!(
+            log.close_received,
+            "{who}: no close reply: {}",
+            log.summary()
+        );
     }
     let cap = daemon.wait_idle();
     assert_eq!(cap["capacity"]["admitted_total"], 2, "{cap:#}");

@@ -1,7 +1,7 @@
 //! Programs and Python packages a test needs that nobody here wrote (sipp,
 //! baresip, linphonec, haproxy, ffmpeg, chromium, sphn, huggingface_hub,
-//! network namespaces…): the "peers". `scripts/setup --tests` installs them
-//! once; tests never install anything.
+//! the openai and Pipecat packages, network namespaces…): the "peers".
+//! `scripts/setup --tests` installs them once; tests never install anything.
 //!
 //! The one policy: a missing peer FAILS the test, saying how to install it,
 //! unless the variable `MOSHID_SKIP` names it (`MOSHID_SKIP=sipp,linphonec`).
@@ -80,6 +80,13 @@ pub fn need_program(bin: &str) -> bool {
 
 /// Requires the Python module `module` in [`python`] (see [`require`]).
 pub fn need_python(module: &str) -> bool {
+    need_python_package(module, module)
+}
+
+/// Requires the Python module `module` in [`python`], which the peer
+/// `peer` provides (`pipecat` for `pipecat.services…`): `MOSHID_SKIP`
+/// names the peer (see [`require`]).
+pub fn need_python_package(peer: &str, module: &str) -> bool {
     let py = python();
     let ok = Command::new(&py)
         .args(["-c", &format!("import {module}")])
@@ -88,7 +95,7 @@ pub fn need_python(module: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     require(
-        module,
+        peer,
         if ok {
             Ok(())
         } else {
@@ -126,7 +133,7 @@ fn install_hint(peer: &str) -> &'static str {
         "ip" => "Debian package iproute2",
         "unshare" => "util-linux, run as root or where user namespaces are allowed",
         "systemd-analyze" | "systemd-sysusers" | "systemd-tmpfiles" => "Debian package systemd",
-        "sphn" | "numpy" | "huggingface_hub" => {
+        "sphn" | "numpy" | "huggingface_hub" | "openai" | "pipecat" => {
             "pip packages in the tests' virtual environment .cache/test-venv"
         }
         _ => "see scripts/setup",

@@ -43,6 +43,7 @@ mod soak;
 mod stats;
 mod stream;
 mod sys;
+mod wire;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +59,7 @@ use daemon::EngineCounters;
 use plan::Criteria;
 use report::{Report, RunConfig, StepReport};
 use stream::{Outcome, StepShared};
+use wire::Protocol;
 
 /// Simulated callers against moshid's /api/chat: latency, deadline misses,
 /// refusals and daemon CPU per stream, at one load or over a ramp.
@@ -66,6 +68,13 @@ use stream::{Outcome, StepShared};
 struct Args {
     #[command(flatten)]
     target: daemon::TargetArgs,
+    /// What the callers speak: chat (Kyutai's /api/chat, Ogg Opus),
+    /// realtime (the OpenAI Realtime API on /v1/realtime, base64 PCM16 in
+    /// JSON), or both as a list (`chat,realtime`: each step runs once per
+    /// protocol against the same daemon, so their costs compare in one run;
+    /// with --streams only).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "chat")]
+    protocol: Vec<Protocol>,
     /// Run this many callers once.
     #[arg(long, required_unless_present = "ramp", conflicts_with = "ramp")]
     streams: Option<usize>,
@@ -143,6 +152,7 @@ const DEMO_FLOOR_STREAMS: usize = 8;
 
 /// What every step needs.
 struct Ctx {
+    /// The chat endpoint (the other protocols' are on the same address).
     url: String,
     addr: std::net::SocketAddr,
     pid: Option<u32>,
@@ -186,6 +196,9 @@ fn run(args: Args) -> Result<()> {
         (None, Some(n)) if n > 0 => (vec![n], false),
         _ => bail!("give --streams N (N >= 1) or --ramp"),
     };
+    if ramping && args.protocol.len() > 1 {
+        bail!("--protocol with more than one protocol needs --streams, not --ramp");
+    }
     if !(0.0..1.0).contains(&args.loss) {
         bail!("--loss must be in [0, 1)");
     }
@@ -276,10 +289,14 @@ fn measure(
     let mut broke: Option<usize> = None;
     let mut answer_pcm: Vec<f32> = Vec::new();
     for &n in &plan {
-        let (step, answer) = run_step(&ctx, n, &mut rng, answer_pcm.is_empty())?;
-        answer_pcm.extend(answer.unwrap_or_default());
-        let ok = step.held;
-        steps.push(step);
+        let mut ok = true;
+        for &protocol in &args.protocol {
+            let keep = answer_pcm.is_empty() && protocol == Protocol::Chat;
+            let (step, answer) = run_step(&ctx, n, protocol, &mut rng, keep)?;
+            answer_pcm.extend(answer.unwrap_or_default());
+            ok &= step.held;
+            steps.push(step);
+        }
         if ok {
             held = Some(n);
         } else {
@@ -298,7 +315,7 @@ fn measure(
             break;
         }
         let n = low + (high - low) / 2;
-        let (step, _) = run_step(&ctx, n, &mut rng, false)?;
+        let (step, _) = run_step(&ctx, n, args.protocol[0], &mut rng, false)?;
         if step.held {
             held = Some(n);
         } else {
@@ -436,6 +453,7 @@ fn set_ratios(step: &mut StepReport, floor: &OpusFloor) {
 fn run_step(
     ctx: &Ctx,
     n: usize,
+    protocol: Protocol,
     rng: &mut Rng,
     keep_answer: bool,
 ) -> Result<(StepReport, Option<Vec<f32>>)> {
@@ -443,7 +461,11 @@ fn run_step(
         eprintln!("warning: the daemon still holds sessions from before");
     }
     let shared = Arc::new(StepShared {
-        url: ctx.url.clone(),
+        url: match protocol {
+            Protocol::Chat => ctx.url.clone(),
+            other => other.url(ctx.addr),
+        },
+        protocol,
         frames: ctx.frames,
         model_delay: ctx.model_delay,
         jitter_ms: ctx.jitter_ms,
@@ -508,6 +530,7 @@ fn run_step(
         machine_busy: (machine0.map(|m| m.0), machine1.map(|m| m.0)),
     };
     let mut step = summarize_step(ctx, n, &outcomes, before, after, window_s, cpu);
+    step.protocol = protocol;
     step.groups = groups;
     step.daemon_thread_cores = threads1
         .iter()
@@ -618,6 +641,7 @@ fn summarize_step(
         errors,
     );
     StepReport {
+        protocol: Protocol::Chat,
         streams: n,
         sessions: accepted.len(),
         refused,
@@ -676,9 +700,10 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
 fn step_line(s: &StepReport) -> String {
     let l = s.latency_ms.as_ref();
     format!(
-        "N={:>3}: sessions {} refused {} errors {} | latency p50 {} p90 {} p99 {} max {} ms | \
+        "{:?} N={:>3}: sessions {} refused {} errors {} | latency p50 {} p90 {} p99 {} max {} ms | \
          misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus; without engine thread {} = {}x) | batch mean {} max {}, step {:.1} ms | \
          send lag p99 {} ms | others {} cores | {}",
+        s.protocol,
         s.streams,
         s.sessions,
         s.refused,

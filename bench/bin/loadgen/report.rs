@@ -34,6 +34,8 @@ use crate::sys::Machine;
 /// The results of one number of streams.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepReport {
+    /// What the callers spoke.
+    pub protocol: crate::wire::Protocol,
     /// Callers started.
     pub streams: usize,
     /// Sessions the daemon accepted.

@@ -1,5 +1,6 @@
-//! One simulated caller: a WebSocket session on `/api/chat` that sends audio
-//! at real-time pace and times every answer.
+//! One simulated caller: a WebSocket session on `/api/chat` (or on
+//! `/v1/realtime`, [`crate::wire`]) that sends audio at real-time pace and
+//! times every answer.
 //!
 //! Each caller is one thread that owns its socket (tungstenite over a
 //! non-blocking `TcpStream` once the session has started). It sleeps in
@@ -33,16 +34,15 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use moshid::client::decode_audio;
 pub(crate) use moshid::client::would_block;
-use moshid::codec::{DecoderConfig, OggOpusDecoder};
 use moshid::protocol::kind;
-use moshid_testkit::chat::{open_session, NotStarted};
+use moshid_testkit::chat::{await_handshake, upgrade, NotStarted};
 use serde_json::Value;
-use tungstenite::{Bytes, Message, WebSocket};
+use tungstenite::{Message, WebSocket};
 
-use crate::audio::{EncodedAudio, Rng, StreamWriter};
+use crate::audio::{EncodedAudio, Rng};
 use crate::stats::FrameMatcher;
+use crate::wire::{self, Protocol};
 
 /// Audio frame period.
 const FRAME: Duration = Duration::from_millis(80);
@@ -52,6 +52,8 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// What every caller of a step shares.
 pub struct StepShared {
     pub url: String,
+    /// What the callers speak.
+    pub protocol: Protocol,
     /// Frames each caller captures.
     pub frames: usize,
     pub model_delay: usize,
@@ -121,7 +123,7 @@ pub(crate) enum Connected {
 /// Runs caller `index` (offset and seed given) through the step.
 /// With `keep_answer`, the decoded answer audio is kept in the outcome.
 pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer: bool) -> Outcome {
-    let connected = connect(&shared.url, shared.connect_timeout);
+    let connected = connect_with(&shared.url, shared.connect_timeout, shared.protocol);
     shared.connected.wait();
     shared.go.wait();
     let t0 = *shared.t0.get().expect("t0 is set before the go barrier");
@@ -143,10 +145,24 @@ pub fn run_caller(shared: &StepShared, offset: Duration, seed: u64, keep_answer:
 }
 
 /// TCP connect, WebSocket upgrade, then the session handshake or a
-/// refusal (an error message first, or an HTTP error on the upgrade): the
-/// test kit's [`moshid_testkit::chat::open_session`].
+/// refusal (an error message first, or an HTTP error on the upgrade) on
+/// `/api/chat`: the test kit's [`upgrade`] and [`await_handshake`].
 pub(crate) fn connect(url: &str, timeout: Duration) -> Connected {
-    match open_session(url, timeout) {
+    connect_with(url, timeout, Protocol::Chat)
+}
+
+/// [`connect`] for a caller speaking `protocol`: the kit's upgrade, then
+/// that protocol's handshake or refusal.
+pub(crate) fn connect_with(url: &str, timeout: Duration, protocol: Protocol) -> Connected {
+    let deadline = Instant::now() + timeout;
+    let started = upgrade(url, timeout).and_then(|mut ws| {
+        match protocol {
+            Protocol::Chat => await_handshake(&mut ws, deadline),
+            Protocol::Realtime => wire::await_session_created(&mut ws, deadline),
+        }
+        .map(|()| ws)
+    });
+    match started {
         Ok(ws) => Connected::Ok(Box::new(ws)),
         Err(NotStarted::Refused(why)) => Connected::Refused(why),
         Err(NotStarted::Closed) => Connected::Failed("closed before the handshake".into()),
@@ -184,11 +200,7 @@ fn session(
         let lost = shared.loss > 0.0 && rng.unit() < shared.loss;
         schedule.push((complete, send, lost));
     }
-    let mut writer = StreamWriter::new(&shared.audio);
-    let mut decoder = OggOpusDecoder::new(DecoderConfig {
-        trim_pre_skip: false,
-        ..DecoderConfig::default()
-    })?;
+    let mut caller = shared.protocol.caller(&shared.audio)?;
     ws.get_ref().set_nonblocking(true)?;
     let fd = ws.get_ref().as_raw_fd();
     let mut next = 0usize;
@@ -202,8 +214,8 @@ fn session(
                 if lost {
                     out.frames_lost += 1;
                 } else {
-                    let message = writer.message(&shared.audio, next)?;
-                    match ws.send(Message::Binary(Bytes::copy_from_slice(message))) {
+                    let message = caller.frame_message(&shared.audio, next)?;
+                    match ws.send(message) {
                         Ok(()) => {}
                         // Queued in tungstenite; flushed below.
                         Err(e) if would_block(&e) => unflushed = true,
@@ -231,28 +243,9 @@ fn session(
         // from an earlier read, so always read until it would block).
         loop {
             match ws.read() {
-                Ok(Message::Binary(data)) => {
+                Ok(msg @ (Message::Binary(_) | Message::Text(_))) => {
                     let arrival = ms_since(t0, Instant::now());
-                    match data.first() {
-                        Some(&kind::AUDIO) => {
-                            let pcm = decode_audio(&mut decoder, &data[1..])?;
-                            if let Some(keep) = out.answer_pcm.as_mut() {
-                                keep.extend_from_slice(&pcm);
-                            }
-                            out.matcher.audio(pcm.len(), arrival);
-                        }
-                        Some(&kind::TEXT) => out.text_messages += 1,
-                        Some(&kind::METADATA) => {
-                            out.metadata = serde_json::from_slice(&data[1..]).ok()
-                        }
-                        Some(&kind::ERROR) => {
-                            return Err(anyhow!(
-                                "server error: {}",
-                                String::from_utf8_lossy(&data[1..])
-                            ))
-                        }
-                        _ => {}
-                    }
+                    caller.on_message(msg, arrival, out)?;
                 }
                 Ok(Message::Close(_)) => {
                     if next < schedule.len() {

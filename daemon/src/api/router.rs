@@ -2,7 +2,9 @@
 //! over the cores' SO_REUSEPORT sockets), reads the request head and routes
 //! it: `/api/chat` upgrades to a chat session on this core,
 //! `/v1/media-stream` to a Media Streams session (unless
-//! `media_streams.enabled` is false), `/v1/sessions/{id}/events` streams a
+//! `media_streams.enabled` is false), `/v1/realtime` and
+//! `/v1/realtime/translations` to an OpenAI Realtime session (unless
+//! `realtime.enabled` is false), `/v1/sessions/{id}/events` streams a
 //! session's events (Server-Sent Events), the control endpoints answer JSON.
 //!
 //! Invariants: a connection never leaves the core that accepted it; the
@@ -22,7 +24,8 @@
 //! (404 or 405 otherwise), so that table is the list of endpoints. Endpoints
 //! other than `/health`, `/ready` and the page need the bearer token when
 //! one is configured (WebSocket upgrades may carry it as the `auth_id`
-//! query parameter, as browsers cannot set headers), compared in constant
+//! query parameter, as browsers cannot set headers, or as the subprotocol
+//! `openai-insecure-api-key.TOKEN` browsers' Realtime clients offer), compared in constant
 //! time and never logged. `GET /metrics` serves Prometheus text; `POST
 //! /admin/metrics` with `{"enabled": true|false}` switches the stage metrics
 //! at run time (unless `metrics.runtime_switch` is false).
@@ -130,6 +133,12 @@ fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
     if let Some(g) = head.bearer_token().or_else(|| head.api_key()) {
         return ok(g);
     }
+    // Browsers' OpenAI Realtime clients carry the key as a subprotocol.
+    if head.is_websocket_upgrade() {
+        if let Some(g) = subprotocol_key(head) {
+            return ok(g);
+        }
+    }
     // Browsers cannot set headers on a WebSocket: Kyutai's server takes the
     // token from `auth_id` there, and so does this one (upgrades only, so a
     // token in a URL is never needed for anything else).
@@ -138,6 +147,26 @@ fn authorized(app: &CoreApp, head: &RequestHead) -> bool {
             q.iter()
                 .any(|(k, v)| k == AUTH_QUERY_KEY && !v.is_empty() && ok(v))
         })
+}
+
+/// The subprotocol prefix a browser's Realtime client carries its key in.
+const KEY_SUBPROTOCOL: &str = "openai-insecure-api-key.";
+
+/// The key of a `Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.KEY`.
+fn subprotocol_key(head: &RequestHead) -> Option<&str> {
+    head.header_values("sec-websocket-protocol")
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix(KEY_SUBPROTOCOL))
+}
+
+/// The subprotocol a Realtime upgrade answers with: `realtime` when the
+/// client offers it (a browser refuses an upgrade that picks none of the
+/// protocols it offered; the key's own is never echoed).
+fn realtime_subprotocol(head: &RequestHead) -> Option<&'static str> {
+    head.header_values("sec-websocket-protocol")
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == "realtime")
+        .then_some("realtime")
 }
 
 fn is_public(head: &RequestHead) -> bool {
@@ -254,6 +283,35 @@ async fn handle_connection(mut stream: Conn, app: CoreApp, api: &ApiShared, pend
                 crate::transport::media_streams::run(ws, app, query, pending).await;
             }
         }
+        Ok(Route::Realtime(endpoint)) => {
+            let query = match session_query(&head) {
+                Ok(q) => q,
+                Err(e) => {
+                    let _ = http::respond_error(&mut stream, &e).await;
+                    return;
+                }
+            };
+            let max = app.shared.config.realtime.max_event_bytes;
+            let config = http::ws_config(max, max);
+            let id = app.shared.session_id();
+            let id_value = id.to_string();
+            let mut headers = vec![("Moshid-Session-Id", id_value.as_str())];
+            if let Some(p) = realtime_subprotocol(&head) {
+                headers.push(("Sec-WebSocket-Protocol", p));
+            }
+            if let Ok(ws) = http::accept_websocket_with(
+                stream,
+                &head,
+                std::mem::take(&mut buf),
+                config,
+                &headers,
+            )
+            .await
+            {
+                crate::transport::realtime::run(ws, app, query, id, endpoint, &api.model.name)
+                    .await;
+            }
+        }
         Err(e) => {
             let _ = http::respond_error(&mut stream, &e).await;
         }
@@ -264,6 +322,7 @@ enum Route {
     Done,
     Chat,
     MediaStream,
+    Realtime(crate::transport::realtime::Endpoint),
 }
 
 /// Answers 404 or 405 to a request [`super::routes::ROUTES`] does not hold
@@ -277,6 +336,7 @@ async fn in_route_table(
     let config = &app.shared.config;
     let on = |s: Switch| match s {
         Switch::MediaStreams => config.media_streams.enabled,
+        Switch::Realtime => config.realtime.enabled,
     };
     match resolve(&head.method, &head.path, on) {
         Resolved::Route(_) => Ok(true),
@@ -316,6 +376,20 @@ async fn route(
                 return Ok(Route::Done);
             }
             Ok(Route::MediaStream)
+        }
+        ("GET", path @ ("/v1/realtime" | "/v1/realtime/translations"))
+            if app.shared.config.realtime.enabled =>
+        {
+            use crate::transport::realtime::Endpoint;
+            if !head.is_websocket_upgrade() {
+                http::write_error(stream, 426, &format!("{path} is a WebSocket endpoint")).await?;
+                return Ok(Route::Done);
+            }
+            Ok(Route::Realtime(if path == "/v1/realtime" {
+                Endpoint::Conversation
+            } else {
+                Endpoint::Translation
+            }))
         }
         (_, path) if super::ops::PATHS.contains(&path) => {
             if !super::ops::handle(stream, app, api, head, buf, limits).await? {

@@ -17,6 +17,8 @@
 pub enum Switch {
     /// `media_streams.enabled`.
     MediaStreams,
+    /// `realtime.enabled`.
+    Realtime,
 }
 
 impl Switch {
@@ -24,6 +26,7 @@ impl Switch {
     pub const fn key(self) -> &'static str {
         match self {
             Switch::MediaStreams => "media_streams.enabled",
+            Switch::Realtime => "realtime.enabled",
         }
     }
 }
@@ -55,6 +58,17 @@ pub const ROUTES: &[Route] = &[
         method: "GET",
         path: "/v1/media-stream",
         switch: Some(Switch::MediaStreams),
+    },
+    // The OpenAI Realtime API (WebSocket): conversations and translations.
+    Route {
+        method: "GET",
+        path: "/v1/realtime",
+        switch: Some(Switch::Realtime),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/realtime/translations",
+        switch: Some(Switch::Realtime),
     },
     // The page and the model it shows.
     route("GET", "/"),
@@ -166,6 +180,19 @@ mod tests {
             Resolved::WrongMethod
         );
         assert_eq!(Switch::MediaStreams.key(), "media_streams.enabled");
+        let no_realtime = |s: Switch| s != Switch::Realtime;
+        assert_eq!(
+            resolve("GET", "/v1/realtime/translations", no_realtime),
+            Resolved::Unknown
+        );
+        assert!(matches!(
+            resolve("GET", "/v1/realtime/translations", all_on),
+            Resolved::Route(r) if r.path == "/v1/realtime/translations"
+        ));
+        assert!(matches!(
+            resolve("GET", "/v1/realtime", all_on),
+            Resolved::Route(r) if r.path == "/v1/realtime"
+        ));
     }
 
     #[test]

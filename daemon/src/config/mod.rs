@@ -20,6 +20,7 @@ pub mod listen;
 pub mod media_streams;
 pub mod metrics;
 pub mod model;
+pub mod realtime;
 pub mod rtp;
 pub mod runtime;
 pub mod session;
@@ -99,6 +100,8 @@ pub struct Config {
     pub audiosocket: AudioSocketConfig,
     /// Media Streams WebSocket transport.
     pub media_streams: MediaStreamsConfig,
+    /// The OpenAI Realtime endpoints.
+    pub realtime: realtime::RealtimeConfig,
     /// Live session events and webhooks.
     pub events: events::EventsConfig,
     /// The SIP endpoint.
@@ -132,6 +135,7 @@ impl Config {
         events::validate(&self.events, self.session.webhook_url.as_deref())
             .map_err(|(key, why)| invalid(key, why))?;
         sip::validate(&self.sip, self.listen.address).map_err(|(key, why)| invalid(key, why))?;
+        realtime::validate(&self.realtime).map_err(|(key, why)| invalid(key, why))?;
         self.media_streams.validate()?;
         self.defaults.validate()
         // `metrics.*` has nothing to check (see [`metrics`]).

@@ -131,6 +131,11 @@ impl LineIn {
         self.filled
     }
 
+    /// Drops the samples waiting for the rest of their frame.
+    pub fn clear_partial(&mut self) {
+        self.filled = 0;
+    }
+
     /// Frames that taking all of `bytes` would complete.
     pub fn frames_in(&self, bytes: usize) -> usize {
         (self.filled + bytes / self.codec.bytes_per_sample()) / self.acc.len()

@@ -1,6 +1,7 @@
-//! A phone-line session's link to the engine, shared by AudioSocket and
-//! Media Streams: frames sent and answered, the in-flight bound, the answer
-//! timeout, and the engine's answers turned into queued line packets.
+//! A session's link to the engine, shared by AudioSocket, Media Streams and
+//! the Realtime API: frames sent and answered, the in-flight bound, the
+//! answer timeout, and the engine's answers turned into queued line packets
+//! ([`EngineLink::pump`]) or handed to the session ([`EngineLink::pump_each`]).
 //!
 //! Invariants: frames in flight never exceed `session.max_frames_in_flight`
 //! nor what the line's packet queue can still take once every frame in
@@ -120,11 +121,7 @@ impl EngineLink {
         let pushed_at = ctx.metrics_on().then(Instant::now);
         match ctx.send_completed_frame(self.ticket, frame, pushed_at, Some(completed_at)) {
             Ok(()) => {
-                if self.in_flight == 0 {
-                    self.last_progress = Instant::now();
-                }
-                self.in_flight += 1;
-                self.sent += 1;
+                self.note_sent();
                 rec.frames_in += 1;
             }
             Err(_) => rec.frames_dropped += 1,
@@ -139,8 +136,32 @@ impl EngineLink {
         mut out: Option<&mut LineOut>,
         rec: &mut SessionRecord,
     ) -> Result<usize, EndReason> {
-        let mut n = 0;
+        let ctx = self.app.ctx.clone();
         let mut metrics_on = None;
+        self.pump_each(rec, |answer| {
+            if let Some(out) = out.as_deref_mut() {
+                let t = metrics_on
+                    .get_or_insert_with(|| ctx.metrics_on())
+                    .then(Instant::now);
+                out.push_frame(&answer.pcm);
+                if let Some(t) = t {
+                    ctx.stages.record(Stage::Encode, t.elapsed());
+                }
+            }
+        })
+    }
+
+    /// Takes every answer waiting and hands each model output (its PCM and
+    /// text token) to `on_output`, in order; the accounting (frames out,
+    /// tokens, drops, late frames) and the text events are done here.
+    /// Returns how many answers were taken, or the end of the session on a
+    /// model fault.
+    pub fn pump_each(
+        &mut self,
+        rec: &mut SessionRecord,
+        mut on_output: impl FnMut(&FromEngine),
+    ) -> Result<usize, EndReason> {
+        let mut n = 0;
         while self.mailbox.take(&mut self.record) {
             if self.record.kind == FromEngineKind::PromptReady {
                 // Answers no frame: the prompt ran before the first frames.
@@ -150,6 +171,9 @@ impl EngineLink {
             self.in_flight = self.in_flight.saturating_sub(1);
             self.answered += 1;
             self.last_progress = Instant::now();
+            if self.record.late {
+                rec.late_frames += 1;
+            }
             match self.record.kind {
                 FromEngineKind::NoOutputYet | FromEngineKind::PromptReady => {}
                 FromEngineKind::Dropped => rec.frames_dropped += 1,
@@ -157,16 +181,7 @@ impl EngineLink {
                 FromEngineKind::Output => {
                     rec.frames_out += 1;
                     rec.text_tokens += 1;
-                    if let Some(out) = out.as_deref_mut() {
-                        let ctx = &self.app.ctx;
-                        let t = metrics_on
-                            .get_or_insert_with(|| ctx.metrics_on())
-                            .then(Instant::now);
-                        out.push_frame(&self.record.pcm);
-                        if let Some(t) = t {
-                            ctx.stages.record(Stage::Encode, t.elapsed());
-                        }
-                    }
+                    on_output(&self.record);
                     let token = self.record.text_token;
                     if let (Some(piece), Some(events)) = (
                         self.app.shared.pieces.text_for_token(token),
@@ -180,6 +195,33 @@ impl EngineLink {
         Ok(n)
     }
 
+    /// Tells the engine the input is over (a model that must be drained:
+    /// its next step feeds the end-of-stream input); counted in flight.
+    pub fn send_end_of_input(&mut self) -> bool {
+        let sent = self.app.ctx.send_end_of_input(self.ticket).is_ok();
+        if sent {
+            self.note_sent();
+        }
+        sent
+    }
+
+    /// Sends one frame the client did not send (silence fed while a model
+    /// is drained): in flight, but not one of the record's `frames_in`.
+    pub fn send_filler(&mut self, frame: &[f32; FRAME_SAMPLES], rec: &mut SessionRecord) {
+        match self.app.ctx.send_frame(self.ticket, frame) {
+            Ok(()) => self.note_sent(),
+            Err(_) => rec.frames_dropped += 1,
+        }
+    }
+
+    fn note_sent(&mut self) {
+        if self.in_flight == 0 {
+            self.last_progress = Instant::now();
+        }
+        self.in_flight += 1;
+        self.sent += 1;
+    }
+
     /// When the oldest unanswered frame times out, if any is in flight.
     pub fn stall_deadline(&self) -> Option<Instant> {
         (self.in_flight > 0).then(|| self.last_progress + ENGINE_ANSWER_TIMEOUT)
@@ -188,5 +230,30 @@ impl EngineLink {
     /// Releases the slot (once, at the end).
     pub fn release(&self) {
         self.app.ctx.end_session(self.ticket);
+    }
+}
+
+/// How a WebSocket session ends on an error of its socket or of the
+/// WebSocket protocol (the chat and Media Streams sessions alike): the
+/// peer closing or resetting is `ClientClosed`; a write that timed out —
+/// the socket's write timeout, `session.send_timeout_ms`, where the session
+/// sets one — means the peer stopped reading (`SlowConsumer`); anything
+/// else is a protocol error naming the cause.
+pub fn ws_end_reason(e: async_tungstenite::tungstenite::Error) -> EndReason {
+    use async_tungstenite::tungstenite::error::ProtocolError;
+    use async_tungstenite::tungstenite::Error;
+    match e {
+        Error::ConnectionClosed | Error::AlreadyClosed => EndReason::ClientClosed,
+        Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::TimedOut => EndReason::SlowConsumer,
+            std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::UnexpectedEof => EndReason::ClientClosed,
+            _ => EndReason::ProtocolError(format!("connection error: {io}")),
+        },
+        Error::Capacity(c) => EndReason::ProtocolError(format!("message too large: {c}")),
+        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => EndReason::ClientClosed,
+        Error::Protocol(p) => EndReason::ProtocolError(format!("WebSocket protocol: {p}")),
+        other => EndReason::ProtocolError(other.to_string()),
     }
 }

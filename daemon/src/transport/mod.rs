@@ -4,6 +4,7 @@ pub mod audiosocket;
 pub mod line;
 pub mod link;
 pub mod media_streams;
+pub mod realtime;
 pub mod rtp;
 pub mod session;
 pub mod sip;

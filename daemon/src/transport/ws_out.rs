@@ -14,8 +14,10 @@
 //! * The buffer is allocated once, in [`WsOut::with_capacity`], and never
 //!   grows; a message that does not fit is refused ([`Full`]) before
 //!   anything is written, so the buffer only ever holds whole frames.
-//! * Frames are what RFC 6455 §5.2 asks of a server: FIN set, opcode binary,
-//!   no mask, the payload length in its minimal encoding.
+//! * Frames are what RFC 6455 §5.2 asks of a server: FIN set, opcode binary
+//!   (Kyutai's protocol: a kind byte, then the body) or text (the JSON
+//!   events of the Realtime API: the body alone, which the caller keeps
+//!   UTF-8), no mask, the payload length in its minimal encoding.
 //! * The session writes these bytes only while tungstenite's own write
 //!   buffer is empty (it flushes it first), so frames never interleave.
 
@@ -34,6 +36,8 @@ pub enum PushError<E> {
 
 /// First header byte: FIN, no extension bits, opcode 0x2 (binary).
 const FIN_BINARY: u8 = 0x82;
+/// First header byte: FIN, no extension bits, opcode 0x1 (text).
+const FIN_TEXT: u8 = 0x81;
 
 /// Header bytes of an unmasked frame whose payload is `payload_bytes` long.
 pub const fn header_bytes(payload_bytes: usize) -> usize {
@@ -51,10 +55,16 @@ pub const fn message_bytes(body_bytes: usize) -> usize {
     header_bytes(1 + body_bytes) + 1 + body_bytes
 }
 
-/// Writes the header of an unmasked binary frame of `payload_bytes` into
-/// `out` (which holds `header_bytes(payload_bytes)` bytes).
-fn write_header(out: &mut [u8], payload_bytes: usize) {
-    out[0] = FIN_BINARY;
+/// Wire bytes of one text message of `body_bytes`.
+pub const fn text_message_bytes(body_bytes: usize) -> usize {
+    header_bytes(body_bytes) + body_bytes
+}
+
+/// Writes the header of an unmasked frame (first byte `fin_opcode`) of
+/// `payload_bytes` into `out` (which holds `header_bytes(payload_bytes)`
+/// bytes).
+fn write_header(out: &mut [u8], fin_opcode: u8, payload_bytes: usize) {
+    out[0] = fin_opcode;
     match header_bytes(payload_bytes) {
         2 => out[1] = payload_bytes as u8,
         4 => {
@@ -122,25 +132,58 @@ impl WsOut {
         max_body_bytes: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<usize, E>,
     ) -> Result<(), PushError<E>> {
-        let slot = header_bytes(1 + max_body_bytes);
-        if self.free_bytes() < slot + 1 + max_body_bytes {
+        self.push_frame(FIN_BINARY, Some(kind), max_body_bytes, fill)
+    }
+
+    /// Appends one text message whose body `fill` writes, as
+    /// [`WsOut::push_with`] does (the body must be UTF-8).
+    pub fn push_text_with<E>(
+        &mut self,
+        max_body_bytes: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<(), PushError<E>> {
+        self.push_frame(FIN_TEXT, None, max_body_bytes, fill)
+    }
+
+    /// Appends one text message: `body`.
+    pub fn push_text(&mut self, body: &str) -> Result<(), Full> {
+        self.push_text_with(body.len(), |out| {
+            out[..body.len()].copy_from_slice(body.as_bytes());
+            Ok::<usize, std::convert::Infallible>(body.len())
+        })
+        .map_err(|_| Full)
+    }
+
+    /// One frame: the header, the `prefix` byte if any, the body.
+    fn push_frame<E>(
+        &mut self,
+        fin_opcode: u8,
+        prefix: Option<u8>,
+        max_body_bytes: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<(), PushError<E>> {
+        let prefix_bytes = usize::from(prefix.is_some());
+        let slot = header_bytes(prefix_bytes + max_body_bytes);
+        if self.free_bytes() < slot + prefix_bytes + max_body_bytes {
             return Err(PushError::Full);
         }
         let start = self.len;
-        let body_at = start + slot + 1;
+        let body_at = start + slot + prefix_bytes;
         let body = &mut self.buf[body_at..body_at + max_body_bytes];
         let n = fill(body).map_err(PushError::Fill)?;
         assert!(n <= max_body_bytes, "fill wrote past its slice");
-        let payload = 1 + n;
+        let payload = prefix_bytes + n;
         let header = header_bytes(payload);
         // A shorter payload than reserved for needs a shorter header: move
         // the body down (it is then under 126 or 65536 bytes, a short copy).
         if header < slot {
             self.buf
-                .copy_within(body_at..body_at + n, start + header + 1);
+                .copy_within(body_at..body_at + n, start + header + prefix_bytes);
         }
-        write_header(&mut self.buf[start..start + header], payload);
-        self.buf[start + header] = kind;
+        write_header(&mut self.buf[start..start + header], fin_opcode, payload);
+        if let Some(kind) = prefix {
+            self.buf[start + header] = kind;
+        }
         self.len = start + header + payload;
         Ok(())
     }
@@ -202,6 +245,44 @@ mod tests {
         assert_eq!(
             w.as_bytes().len(),
             sizes.iter().map(|&n| message_bytes(n)).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn text_frames_carry_the_body_alone() {
+        let mut w = WsOut::with_capacity(200_000);
+        let sizes = [0usize, 125, 126, 70_000];
+        for &n in &sizes {
+            let body = "x".repeat(n);
+            w.push_text_with(n + 200, |out| {
+                out[..n].copy_from_slice(body.as_bytes());
+                Ok::<_, ()>(n)
+            })
+            .unwrap();
+        }
+        w.push_text("{}").unwrap();
+        let mut cursor = std::io::Cursor::new(w.as_bytes());
+        for &n in sizes.iter().chain(&[2]) {
+            let start = cursor.position() as usize;
+            let (header, len) = FrameHeader::parse(&mut cursor).unwrap().unwrap();
+            assert!(header.is_final && header.mask.is_none());
+            assert_eq!(
+                header.opcode,
+                tungstenite::protocol::frame::coding::OpCode::Data(
+                    tungstenite::protocol::frame::coding::Data::Text
+                )
+            );
+            assert_eq!(len as usize, n);
+            assert_eq!(cursor.position() as usize - start, header_bytes(n));
+            cursor.set_position(cursor.position() + len);
+        }
+        assert_eq!(
+            w.as_bytes().len(),
+            sizes
+                .iter()
+                .chain(&[2])
+                .map(|&n| text_message_bytes(n))
+                .sum::<usize>()
         );
     }
 
