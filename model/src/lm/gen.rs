@@ -337,18 +337,11 @@ impl Lm {
         active: &[bool],
         out: &mut LmStepOutput,
     ) {
-        let cfg = &self.cfg;
         let ms = state.max_slots;
-        let nu = cfg.num_user_codebooks();
-        let nk = cfg.num_codebooks();
-        let ct = self.cache_len();
-        let lag = self.user_lag();
-        let max_delay = cfg.max_delay();
-        let (dim, dep_q, card, tc) = (cfg.dim, cfg.dep_q, cfg.card, cfg.text_card);
         assert_eq!(active.len(), ms, "`active` must have one entry per slot");
         assert_eq!(
             user_codes.len(),
-            ms * nu,
+            ms * self.cfg.num_user_codebooks(),
             "`user_codes` must be max_slots × num_user_codebooks"
         );
         assert_eq!(
@@ -356,14 +349,40 @@ impl Lm {
             ms,
             "output sized for another number of slots"
         );
+        let n = self.gather_rows(state, user_codes, active, out);
+        if n == 0 {
+            return;
+        }
+        self.embed_rows(state);
+        self.temporal_and_text_head(state, n);
+        self.sample_text(state, out);
+        self.run_depformer(state, n);
+        self.commit_frame(state, out);
+    }
+
+    /// Step 1: writes each active slot's user codes into its token ring,
+    /// reads the frame's input tokens out of it, and gathers the batch rows
+    /// (two per slot with guidance). Marks every slot's `stepped` and clears
+    /// its `ready`. Returns the number of batch rows.
+    fn gather_rows(
+        &self,
+        state: &mut LmState,
+        user_codes: &[u32],
+        active: &[bool],
+        out: &mut LmStepOutput,
+    ) -> usize {
+        let cfg = &self.cfg;
+        let nu = cfg.num_user_codebooks();
+        let nk = cfg.num_codebooks();
+        let ct = self.cache_len();
+        let lag = self.user_lag();
+        let (dep_q, card, tc) = (cfg.dep_q, cfg.card, cfg.text_card);
         let rps = state.rows_per_slot;
         let sc = &mut state.sc;
         sc.active.clear();
         sc.row0.clear();
         sc.row_slot.clear();
         sc.rows.clear();
-
-        // 1. Token cache in, inputs out, rows gathered.
         for (s, &on) in active.iter().enumerate() {
             out.stepped[s] = on;
             out.ready[s] = false;
@@ -406,13 +425,16 @@ impl Lm {
                 sc.row_slot.push(a);
             }
         }
-        let n = sc.rows.len();
-        if n == 0 {
-            return;
-        }
+        sc.rows.len()
+    }
 
-        // 2. Input embeddings, in the official summation order:
-        //    audio codebooks 0..n_q, then text, then the fused condition.
+    /// Step 2: the input embedding of each batch row, in the official
+    /// summation order: audio codebooks 0..n_q, then text, then the fused
+    /// condition.
+    fn embed_rows(&self, state: &mut LmState) {
+        let nk = self.cfg.num_codebooks();
+        let dim = self.cfg.dim;
+        let sc = &mut state.sc;
         for (r, row) in sc.rows.iter().enumerate() {
             let toks = &sc.tokens[sc.row_slot[r] * nk..(sc.row_slot[r] + 1) * nk];
             let xr = &mut sc.x[r * dim..(r + 1) * dim];
@@ -424,8 +446,14 @@ impl Lm {
                 }
             }
         }
+    }
 
-        // 3. Temporal transformer, output norm, text head.
+    /// Step 3: the temporal transformer over the `n` batch rows, its output
+    /// norm (kept in `tout` for the depformer), and the text head's logits.
+    fn temporal_and_text_head(&self, state: &mut LmState, n: usize) {
+        let cfg = &self.cfg;
+        let (dim, tc) = (cfg.dim, cfg.text_card);
+        let sc = &mut state.sc;
         self.temporal
             .forward(0, &mut sc.x, &sc.rows, &mut state.kv, &mut sc.stack);
         rms_norm(
@@ -443,8 +471,17 @@ impl Lm {
             dim,
             &mut sc.text_logits[..n * tc],
         );
+    }
 
-        // 4. Text tokens (guidance mixed into the output's logits buffer).
+    /// Step 4: each active slot's text token, sampled from its logits
+    /// (guidance mixed into the output's logits buffer, then the text rules)
+    /// unless the ring entry it would write is forced; it is recorded in the
+    /// slot's text history and is the depformer's first input.
+    fn sample_text(&self, state: &mut LmState, out: &mut LmStepOutput) {
+        let cfg = &self.cfg;
+        let ct = self.cache_len();
+        let tc = cfg.text_card;
+        let sc = &mut state.sc;
         for (a, &s) in sc.active.iter().enumerate() {
             let slot = &mut state.slots[s];
             let r0 = sc.row0[a];
@@ -476,8 +513,15 @@ impl Lm {
             };
             slot.history.push(tok, skip);
         }
+    }
 
-        // 5. Depformer, codebook by codebook.
+    /// Step 5: the depformer, codebook by codebook over the `n` batch rows;
+    /// each slot's audio token is sampled (guidance mixed) unless its ring
+    /// entry is forced, and is the next codebook's input.
+    fn run_depformer(&self, state: &mut LmState, n: usize) {
+        let ct = self.cache_len();
+        let (dep_q, card) = (self.cfg.dep_q, self.cfg.card);
+        let sc = &mut state.sc;
         for k in 0..dep_q {
             sc.dep_rows.clear();
             sc.dep_rows
@@ -520,8 +564,19 @@ impl Lm {
                 sc.prev[a] = tok;
             }
         }
+    }
 
-        // 6. Token cache update and the undelayed output frame.
+    /// Step 6: advances each active slot's offset, clears the forced flags of
+    /// the entry just consumed (PersonaPlex), writes the sampled tokens into
+    /// the ring, and once past the largest delay emits the undelayed frame.
+    fn commit_frame(&self, state: &mut LmState, out: &mut LmStepOutput) {
+        let cfg = &self.cfg;
+        let nk = cfg.num_codebooks();
+        let ct = self.cache_len();
+        let lag = self.user_lag();
+        let max_delay = cfg.max_delay();
+        let dep_q = cfg.dep_q;
+        let sc = &mut state.sc;
         for (a, &s) in sc.active.iter().enumerate() {
             let slot = &mut state.slots[s];
             slot.offset += 1;

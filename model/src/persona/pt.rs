@@ -167,182 +167,266 @@ fn rebuild_tensor(args: Val) -> Result<Val, PtError> {
 }
 
 /// Runs the restricted pickle machine over `data.pkl`; returns the top value.
+///
+/// One arm per opcode; each opcode's work is a [`Machine`] method.
 fn unpickle(p: &[u8]) -> Result<Val, PtError> {
-    let mut stack: Vec<Val> = Vec::new();
-    let mut memo: HashMap<u32, Val> = HashMap::new();
-    let mut i = 0usize;
-    let take = |i: &mut usize, n: usize| -> Result<&[u8], PtError> {
-        let s = p
-            .get(*i..i.saturating_add(n))
-            .ok_or_else(|| PtError(format!("pickle: truncated at byte {i}")))?;
-        *i += n;
-        Ok(s)
+    let mut m = Machine {
+        p,
+        i: 0,
+        stack: Vec::new(),
+        memo: HashMap::new(),
     };
-    fn pop(stack: &mut Vec<Val>, at: usize) -> Result<Val, PtError> {
-        stack
-            .pop()
-            .ok_or_else(|| PtError(format!("pickle: stack underflow at byte {at}")))
-    }
-    fn pop_mark(stack: &mut Vec<Val>, at: usize) -> Result<Vec<Val>, PtError> {
-        let m = stack
-            .iter()
-            .rposition(|v| *v == Val::Mark)
-            .ok_or_else(|| PtError(format!("pickle: no mark at byte {at}")))?;
-        let items = stack.split_off(m + 1);
-        stack.pop();
-        Ok(items)
-    }
     loop {
-        if stack.len() > MAX_STACK || memo.len() > MAX_MEMO {
+        if m.stack.len() > MAX_STACK || m.memo.len() > MAX_MEMO {
             return err("pickle: too deep");
         }
-        let at = i;
-        let op = take(&mut i, 1)?[0];
+        let at = m.i;
+        let op = m.take(1)?[0];
         match op {
-            0x80 => {
-                let v = take(&mut i, 1)?[0];
-                if v > 2 {
-                    return err(format!("pickle protocol {v} (torch.save writes 2)"));
-                }
+            0x80 => m.protocol()?,
+            b'}' => m.stack.push(Val::Dict(Vec::new())),
+            b')' => m.stack.push(Val::Tuple(Vec::new())),
+            b'(' => m.stack.push(Val::Mark),
+            b'N' => m.stack.push(Val::None),
+            0x88 => m.stack.push(Val::Bool(true)),
+            0x89 => m.stack.push(Val::Bool(false)),
+            b'K' => {
+                let v = m.take(1)?[0] as i64;
+                m.stack.push(Val::Int(v));
             }
-            b'}' => stack.push(Val::Dict(Vec::new())),
-            b')' => stack.push(Val::Tuple(Vec::new())),
-            b'(' => stack.push(Val::Mark),
-            b'N' => stack.push(Val::None),
-            0x88 => stack.push(Val::Bool(true)),
-            0x89 => stack.push(Val::Bool(false)),
-            b'K' => stack.push(Val::Int(take(&mut i, 1)?[0] as i64)),
             b'M' => {
-                let b = take(&mut i, 2)?;
-                stack.push(Val::Int(u16::from_le_bytes([b[0], b[1]]) as i64))
+                let b = m.take(2)?;
+                m.stack
+                    .push(Val::Int(u16::from_le_bytes([b[0], b[1]]) as i64))
             }
             b'J' => {
-                let b = take(&mut i, 4)?;
-                stack.push(Val::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64))
+                let b = m.take(4)?;
+                m.stack
+                    .push(Val::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64))
             }
-            0x8a => {
-                let n = take(&mut i, 1)?[0] as usize;
-                let b = take(&mut i, n)?;
-                if n > 8 {
-                    return err("pickle: integer too large");
-                }
-                let mut buf = [0u8; 8];
-                buf[..n].copy_from_slice(b);
-                if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
-                    buf[n..].fill(0xff);
-                }
-                stack.push(Val::Int(i64::from_le_bytes(buf)));
-            }
-            b'X' => {
-                let b = take(&mut i, 4)?;
-                let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                let s = take(&mut i, n)?;
-                stack.push(Val::Str(String::from_utf8_lossy(s).into_owned()));
-            }
-            b'c' => {
-                let rest = &p[i..];
-                let nl1 = rest.iter().position(|&c| c == b'\n');
-                let Some(nl1) = nl1 else {
-                    return err("pickle: bad GLOBAL");
-                };
-                let nl2 = rest[nl1 + 1..].iter().position(|&c| c == b'\n');
-                let Some(nl2) = nl2 else {
-                    return err("pickle: bad GLOBAL");
-                };
-                let module = String::from_utf8_lossy(&rest[..nl1]);
-                let name = String::from_utf8_lossy(&rest[nl1 + 1..nl1 + 1 + nl2]);
-                stack.push(Val::Global(format!("{module}.{name}")));
-                i += nl1 + nl2 + 2;
-            }
+            0x8a => m.long1()?,
+            b'X' => m.binunicode()?,
+            b'c' => m.global()?,
             b'q' => {
-                let k = take(&mut i, 1)?[0] as u32;
-                memo.insert(k, stack.last().cloned().unwrap_or(Val::None));
+                let k = m.take(1)?[0] as u32;
+                m.memo_put(k);
             }
             b'r' => {
-                let b = take(&mut i, 4)?;
-                let k = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                memo.insert(k, stack.last().cloned().unwrap_or(Val::None));
+                let k = m.u32_arg()?;
+                m.memo_put(k);
             }
-            b'h' | b'j' => {
-                let k = if op == b'h' {
-                    take(&mut i, 1)?[0] as u32
-                } else {
-                    let b = take(&mut i, 4)?;
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                };
-                let v = memo
-                    .get(&k)
-                    .cloned()
-                    .ok_or_else(|| PtError(format!("pickle: memo {k} unset at byte {at}")))?;
-                stack.push(v);
+            b'h' => {
+                let k = m.take(1)?[0] as u32;
+                m.memo_get(k, at)?;
+            }
+            b'j' => {
+                let k = m.u32_arg()?;
+                m.memo_get(k, at)?;
             }
             b't' => {
-                let items = pop_mark(&mut stack, at)?;
-                stack.push(Val::Tuple(items));
+                let items = m.pop_mark(at)?;
+                m.stack.push(Val::Tuple(items));
             }
-            0x85..=0x87 => {
-                let n = (op - 0x84) as usize;
-                if stack.len() < n {
-                    return err(format!("pickle: stack underflow at byte {at}"));
-                }
-                let items = stack.split_off(stack.len() - n);
-                stack.push(Val::Tuple(items));
-            }
-            b'Q' => {
-                let pid = pop(&mut stack, at)?;
-                let Val::Tuple(t) = pid else {
-                    return err("pickle: a persistent id that is not a tuple");
-                };
-                match t.as_slice() {
-                    [Val::Str(tag), Val::Global(ty), Val::Str(key), _location, _numel]
-                        if tag == "storage" =>
-                    {
-                        stack.push(Val::Storage(ty.clone(), key.clone()))
-                    }
-                    _ => return err("pickle: a persistent id that is not a torch storage"),
-                }
-            }
-            b'R' => {
-                let args = pop(&mut stack, at)?;
-                let f = pop(&mut stack, at)?;
-                let v = match &f {
-                    Val::Global(g) if g == "torch._utils._rebuild_tensor_v2" => {
-                        rebuild_tensor(args)?
-                    }
-                    Val::Global(g) if g == "collections.OrderedDict" => Val::Dict(Vec::new()),
-                    Val::Global(g) => return err(format!("pickle: refusing to call `{g}`")),
-                    _ => return err(format!("pickle: REDUCE on a non-callable at byte {at}")),
-                };
-                stack.push(v);
-            }
-            b's' => {
-                let v = pop(&mut stack, at)?;
-                let k = pop(&mut stack, at)?;
-                match stack.last_mut() {
-                    Some(Val::Dict(d)) => d.push((k, v)),
-                    _ => return err("pickle: SETITEM without a dict"),
-                }
-            }
-            b'u' => {
-                let items = pop_mark(&mut stack, at)?;
-                if items.len() % 2 != 0 {
-                    return err("pickle: SETITEMS with an odd count");
-                }
-                let Some(Val::Dict(d)) = stack.last_mut() else {
-                    return err("pickle: SETITEMS without a dict");
-                };
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    d.push((k, v));
-                }
-            }
-            b'.' => return pop(&mut stack, at),
+            0x85..=0x87 => m.tuple_n((op - 0x84) as usize, at)?,
+            b'Q' => m.persistent_id(at)?,
+            b'R' => m.reduce(at)?,
+            b's' => m.set_item(at)?,
+            b'u' => m.set_items(at)?,
+            b'.' => return m.pop(at),
             other => {
                 return err(format!(
                 "pickle: opcode 0x{other:02x} at byte {at} is not one torch.save emits for tensors"
             ))
             }
         }
+    }
+}
+
+/// The restricted pickle machine's state: the input and read position, the
+/// value stack and the memo. Every method reads its opcode's arguments (the
+/// opcode itself already taken) and refuses what it cannot do with an error.
+struct Machine<'a> {
+    p: &'a [u8],
+    i: usize,
+    stack: Vec<Val>,
+    memo: HashMap<u32, Val>,
+}
+
+impl<'a> Machine<'a> {
+    /// The next `n` bytes, or an error if the input ends first.
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PtError> {
+        let i = self.i;
+        let s = self
+            .p
+            .get(i..i.saturating_add(n))
+            .ok_or_else(|| PtError(format!("pickle: truncated at byte {i}")))?;
+        self.i += n;
+        Ok(s)
+    }
+
+    /// A 4-byte little-endian unsigned argument.
+    fn u32_arg(&mut self) -> Result<u32, PtError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The top of the stack (`at`: the opcode's byte, for the error).
+    fn pop(&mut self, at: usize) -> Result<Val, PtError> {
+        self.stack
+            .pop()
+            .ok_or_else(|| PtError(format!("pickle: stack underflow at byte {at}")))
+    }
+
+    /// The values above the topmost mark, the mark removed.
+    fn pop_mark(&mut self, at: usize) -> Result<Vec<Val>, PtError> {
+        let m = self
+            .stack
+            .iter()
+            .rposition(|v| *v == Val::Mark)
+            .ok_or_else(|| PtError(format!("pickle: no mark at byte {at}")))?;
+        let items = self.stack.split_off(m + 1);
+        self.stack.pop();
+        Ok(items)
+    }
+
+    /// PROTO: only the protocols up to the one `torch.save` writes.
+    fn protocol(&mut self) -> Result<(), PtError> {
+        let v = self.take(1)?[0];
+        if v > 2 {
+            return err(format!("pickle protocol {v} (torch.save writes 2)"));
+        }
+        Ok(())
+    }
+
+    /// LONG1: a little-endian two's complement integer of up to 8 bytes.
+    fn long1(&mut self) -> Result<(), PtError> {
+        let n = self.take(1)?[0] as usize;
+        let b = self.take(n)?;
+        if n > 8 {
+            return err("pickle: integer too large");
+        }
+        let mut buf = [0u8; 8];
+        buf[..n].copy_from_slice(b);
+        if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
+            buf[n..].fill(0xff);
+        }
+        self.stack.push(Val::Int(i64::from_le_bytes(buf)));
+        Ok(())
+    }
+
+    /// BINUNICODE: a string with a 4-byte length (invalid UTF-8 replaced).
+    fn binunicode(&mut self) -> Result<(), PtError> {
+        let n = self.u32_arg()? as usize;
+        let s = self.take(n)?;
+        self.stack
+            .push(Val::Str(String::from_utf8_lossy(s).into_owned()));
+        Ok(())
+    }
+
+    /// GLOBAL: `module\nname\n`, pushed as a name only (nothing is imported;
+    /// REDUCE decides what a global may do).
+    fn global(&mut self) -> Result<(), PtError> {
+        let rest = &self.p[self.i..];
+        let nl1 = rest.iter().position(|&c| c == b'\n');
+        let Some(nl1) = nl1 else {
+            return err("pickle: bad GLOBAL");
+        };
+        let nl2 = rest[nl1 + 1..].iter().position(|&c| c == b'\n');
+        let Some(nl2) = nl2 else {
+            return err("pickle: bad GLOBAL");
+        };
+        let module = String::from_utf8_lossy(&rest[..nl1]);
+        let name = String::from_utf8_lossy(&rest[nl1 + 1..nl1 + 1 + nl2]);
+        self.stack.push(Val::Global(format!("{module}.{name}")));
+        self.i += nl1 + nl2 + 2;
+        Ok(())
+    }
+
+    /// BINPUT / LONG_BINPUT: memoises the top of the stack (`None` if empty).
+    fn memo_put(&mut self, k: u32) {
+        self.memo
+            .insert(k, self.stack.last().cloned().unwrap_or(Val::None));
+    }
+
+    /// BINGET / LONG_BINGET: pushes a memoised value.
+    fn memo_get(&mut self, k: u32, at: usize) -> Result<(), PtError> {
+        let v = self
+            .memo
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| PtError(format!("pickle: memo {k} unset at byte {at}")))?;
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// TUPLE1..TUPLE3: the top `n` values as a tuple.
+    fn tuple_n(&mut self, n: usize, at: usize) -> Result<(), PtError> {
+        if self.stack.len() < n {
+            return err(format!("pickle: stack underflow at byte {at}"));
+        }
+        let items = self.stack.split_off(self.stack.len() - n);
+        self.stack.push(Val::Tuple(items));
+        Ok(())
+    }
+
+    /// BINPERSID: only a torch storage reference
+    /// `("storage", type, key, location, numel)`.
+    fn persistent_id(&mut self, at: usize) -> Result<(), PtError> {
+        let pid = self.pop(at)?;
+        let Val::Tuple(t) = pid else {
+            return err("pickle: a persistent id that is not a tuple");
+        };
+        match t.as_slice() {
+            [Val::Str(tag), Val::Global(ty), Val::Str(key), _location, _numel]
+                if tag == "storage" =>
+            {
+                self.stack.push(Val::Storage(ty.clone(), key.clone()))
+            }
+            _ => return err("pickle: a persistent id that is not a torch storage"),
+        }
+        Ok(())
+    }
+
+    /// REDUCE: only the two callables `torch.save` uses for a dict of
+    /// tensors, both interpreted here; any other global is refused.
+    fn reduce(&mut self, at: usize) -> Result<(), PtError> {
+        let args = self.pop(at)?;
+        let f = self.pop(at)?;
+        let v = match &f {
+            Val::Global(g) if g == "torch._utils._rebuild_tensor_v2" => rebuild_tensor(args)?,
+            Val::Global(g) if g == "collections.OrderedDict" => Val::Dict(Vec::new()),
+            Val::Global(g) => return err(format!("pickle: refusing to call `{g}`")),
+            _ => return err(format!("pickle: REDUCE on a non-callable at byte {at}")),
+        };
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// SETITEM: one key and value into the dict below them.
+    fn set_item(&mut self, at: usize) -> Result<(), PtError> {
+        let v = self.pop(at)?;
+        let k = self.pop(at)?;
+        match self.stack.last_mut() {
+            Some(Val::Dict(d)) => d.push((k, v)),
+            _ => return err("pickle: SETITEM without a dict"),
+        }
+        Ok(())
+    }
+
+    /// SETITEMS: the key/value pairs above the mark into the dict below it.
+    fn set_items(&mut self, at: usize) -> Result<(), PtError> {
+        let items = self.pop_mark(at)?;
+        if items.len() % 2 != 0 {
+            return err("pickle: SETITEMS with an odd count");
+        }
+        let Some(Val::Dict(d)) = self.stack.last_mut() else {
+            return err("pickle: SETITEMS without a dict");
+        };
+        let mut it = items.into_iter();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            d.push((k, v));
+        }
+        Ok(())
     }
 }
 
