@@ -171,41 +171,16 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    match signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ]) {
-        Ok(mut signals) => {
-            std::thread::Builder::new()
-                .name("moshid-signals".into())
-                .spawn(move || {
-                    if let Some(sig) = signals.forever().next() {
-                        eprintln!("<6>signal {sig}: shutting down");
-                        let _ = stop_tx.send(());
-                    }
-                })
-                .expect("spawning the signal thread");
-        }
-        Err(e) => {
-            eprintln!("error: cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
+    let stop_rx = match stop_on_signals() {
+        Ok(rx) => rx,
+        Err(code) => return code,
+    };
     // systemd notifications and the HAProxy agent read the engine once it exists.
     let engine_cell = crate::agent::EngineCell::default();
     let notifier = crate::systemd::Notifier::from_env(engine_cell.clone());
-    // The agent port is bound before the model loads, so a balancer sees
-    // `maint` during start-up rather than a refused connection.
-    let agent = match cfg.listen.agent_address {
-        Some(a) => match crate::agent::AgentServer::start(a, engine_cell.clone()) {
-            Ok(server) => Some(server),
-            Err(e) => {
-                eprintln!("error: config key `listen.agent_address`: cannot listen on {a}: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => None,
+    let agent = match start_agent(&cfg, &engine_cell) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
     let agent_addr = agent.as_ref().map(|a| a.local_addr());
     // A certificate that cannot be used fails the start before the model
@@ -215,11 +190,6 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let tls = cfg.listen.tls_cert_file.is_some();
-    let (http, ws) = if tls {
-        ("https", "wss")
-    } else {
-        ("http", "ws")
-    };
     if let Some(repo) = cfg.model.repo.take() {
         match crate::hub::pull_command_dir(&repo) {
             Ok(dir) => cfg.model.dir = Some(dir),
@@ -242,27 +212,9 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let random = loaded.about.random_weights.clone();
-    let ready_notifier = notifier.clone();
     let stopping_notifier = notifier.clone();
     let hooks = Hooks {
-        on_ready: Some(Box::new(move |addr| {
-            println!("moshid listening on {http}://{addr}");
-            println!("  in a browser:    {http}://{addr}/");
-            println!("  WebSocket chat:  {ws}://{addr}/api/chat");
-            println!("  health/capacity: {http}://{addr}/health  {http}://{addr}/capacity");
-            if !tls {
-                println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
-            }
-            if let Some(a) = agent_addr {
-                println!("  agent-check:     {a} (HAProxy agent-port)");
-            }
-            if let Some(shape) = &random {
-                println!("  random weights:  {shape} (no speech, no meaning; for measuring)");
-            }
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            ready_notifier.ready();
-        })),
+        on_ready: Some(ready_banner(tls, agent_addr, random, notifier.clone())),
         on_tick: notifier.tick_hook(),
         on_stopping: Some(Box::new(move || stopping_notifier.stopping())),
         on_engine: Some(Box::new(move |engine| {
@@ -280,6 +232,86 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Installs the SIGTERM/SIGINT handlers: a thread that sends on the
+/// returned channel at the first signal, which starts the drain.
+fn stop_on_signals() -> Result<std::sync::mpsc::Receiver<()>, ExitCode> {
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
+        Ok(mut signals) => {
+            std::thread::Builder::new()
+                .name("moshid-signals".into())
+                .spawn(move || {
+                    if let Some(sig) = signals.forever().next() {
+                        eprintln!("<6>signal {sig}: shutting down");
+                        let _ = stop_tx.send(());
+                    }
+                })
+                .expect("spawning the signal thread");
+            Ok(stop_rx)
+        }
+        Err(e) => {
+            eprintln!("error: cannot install signal handlers: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Starts the HAProxy agent-check responder when `listen.agent_address`
+/// is set. Its port is bound before the model loads, so a balancer sees
+/// `maint` during start-up rather than a refused connection.
+fn start_agent(
+    cfg: &Config,
+    engine_cell: &crate::agent::EngineCell,
+) -> Result<Option<crate::agent::AgentServer>, ExitCode> {
+    let Some(a) = cfg.listen.agent_address else {
+        return Ok(None);
+    };
+    match crate::agent::AgentServer::start(a, engine_cell.clone()) {
+        Ok(server) => Ok(Some(server)),
+        Err(e) => {
+            eprintln!("error: config key `listen.agent_address`: cannot listen on {a}: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The `on_ready` hook: prints where the daemon listens (and how to try
+/// it), then tells systemd it is ready. Stdout is flushed first, so that
+/// whoever waits for readiness has the banner.
+fn ready_banner(
+    tls: bool,
+    agent_addr: Option<SocketAddr>,
+    random: Option<String>,
+    ready_notifier: crate::systemd::Notifier,
+) -> Box<dyn FnOnce(SocketAddr) + Send> {
+    let (http, ws) = if tls {
+        ("https", "wss")
+    } else {
+        ("http", "ws")
+    };
+    Box::new(move |addr| {
+        println!("moshid listening on {http}://{addr}");
+        println!("  in a browser:    {http}://{addr}/");
+        println!("  WebSocket chat:  {ws}://{addr}/api/chat");
+        println!("  health/capacity: {http}://{addr}/health  {http}://{addr}/capacity");
+        if !tls {
+            println!("  try it:          moshid client --input speech.wav --output reply.wav --url ws://{addr}/api/chat");
+        }
+        if let Some(a) = agent_addr {
+            println!("  agent-check:     {a} (HAProxy agent-port)");
+        }
+        if let Some(shape) = &random {
+            println!("  random weights:  {shape} (no speech, no meaning; for measuring)");
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        ready_notifier.ready();
+    })
 }
 
 /// Entry point of the `moshid` binary.

@@ -46,6 +46,7 @@
 use crate::app::CoreApp;
 use crate::events::relay::Watch;
 use crate::events::SESSIONS_PATH;
+use crate::events::{Channel, Subscription};
 use crate::http::{self, HttpError, RequestHead};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use std::io::Write as _;
@@ -116,17 +117,7 @@ where
     let ch = sub.channel().clone();
     let mut buf = Vec::with_capacity(4096);
     buf.extend_from_slice(SSE_HEAD);
-    let hello = serde_json::json!({
-        "id": ch.id.to_string(),
-        "transport": ch.transport,
-        "alias": ch.alias,
-        "core": ch.core,
-        "state": ch.state().label(),
-        "started_unix_ms": ch.started_unix_ms,
-        "ring_events": ch.ring().capacity(),
-        "next_event_id": sub.next_seq() + 1,
-    });
-    let _ = write!(buf, "event: session\ndata: {hello}\n\n");
+    write_hello(&mut buf, &ch, &sub);
     let watch = Watch::new(ch.clone(), Duration::from_millis(cfg.poll_ms));
     let mut lost_total = 0u64;
     let mut scratch = [0u8; 256];
@@ -144,49 +135,15 @@ where
         if let Some(record) = ended {
             let _ = write!(buf, "event: end\ndata: {record}\n\n");
         }
-        if !buf.is_empty() {
-            let written = glommio::timer::timeout(send_timeout, async {
-                Ok(async {
-                    stream.write_all(&buf).await?;
-                    stream.flush().await
-                }
-                .await)
-            })
-            .await;
-            match written {
-                Ok(Ok(())) => buf.clear(),
-                // Gone: nothing more to say.
-                Ok(Err(_)) => return Ok(()),
-                Err(_) => {
-                    sub.note_slow();
-                    eprintln!(
-                        "<4>events: closed a subscriber of session {}: it took no data for {} ms (session.send_timeout_ms)",
-                        ch.id,
-                        send_timeout.as_millis()
-                    );
-                    return Ok(());
-                }
-            }
+        if !buf.is_empty() && !send(stream, &mut buf, send_timeout, &sub, &ch).await {
+            return Ok(());
         }
         if ended.is_some() {
             http::close_gracefully(&mut *stream, Duration::from_millis(200)).await;
             return Ok(());
         }
         let due = Instant::now() + keepalive;
-        let wake = futures_lite::future::or(
-            async {
-                watch.changed(sub.next_seq(), due).await;
-                Wake::Changed
-            },
-            async {
-                // The client sends nothing on an event stream: a read ends
-                // only when it goes away (or misbehaves, which ends it too).
-                let _ = stream.read(&mut scratch).await;
-                Wake::ClientGone
-            },
-        )
-        .await;
-        match wake {
+        match wait(stream, &watch, &sub, due, &mut scratch).await {
             Wake::ClientGone => return Ok(()),
             Wake::Changed => {
                 if !sub.has_news() && Instant::now() >= due {
@@ -195,4 +152,88 @@ where
             }
         }
     }
+}
+
+/// The stream's first event: what the session is, and the id the next
+/// event will have (so a client knows what `Last-Event-ID` can resume).
+fn write_hello(buf: &mut Vec<u8>, ch: &Channel, sub: &Subscription) {
+    let hello = serde_json::json!({
+        "id": ch.id.to_string(),
+        "transport": ch.transport,
+        "alias": ch.alias,
+        "core": ch.core,
+        "state": ch.state().label(),
+        "started_unix_ms": ch.started_unix_ms,
+        "ring_events": ch.ring().capacity(),
+        "next_event_id": sub.next_seq() + 1,
+    });
+    let _ = write!(buf, "event: session\ndata: {hello}\n\n");
+}
+
+/// Writes and flushes `buf` within `send_timeout`, then empties it.
+/// `false` when the stream is over: the client is gone, or it took no data
+/// in time (then it is closed, counted and logged), since a slow
+/// subscriber must never hold events back for the others.
+async fn send<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    send_timeout: Duration,
+    sub: &Subscription,
+    ch: &Channel,
+) -> bool
+where
+    S: AsyncWrite + Unpin,
+{
+    let written = glommio::timer::timeout(send_timeout, async {
+        Ok(async {
+            stream.write_all(buf).await?;
+            stream.flush().await
+        }
+        .await)
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {
+            buf.clear();
+            true
+        }
+        // Gone: nothing more to say.
+        Ok(Err(_)) => false,
+        Err(_) => {
+            sub.note_slow();
+            eprintln!(
+                "<4>events: closed a subscriber of session {}: it took no data for {} ms (session.send_timeout_ms)",
+                ch.id,
+                send_timeout.as_millis()
+            );
+            false
+        }
+    }
+}
+
+/// Waits until the session has news (or the keep-alive is `due`), or the
+/// client goes away, whichever comes first.
+async fn wait<S>(
+    stream: &mut S,
+    watch: &Watch,
+    sub: &Subscription,
+    due: Instant,
+    scratch: &mut [u8],
+) -> Wake
+where
+    S: AsyncRead + Unpin,
+{
+    futures_lite::future::or(
+        async {
+            watch.changed(sub.next_seq(), due).await;
+            Wake::Changed
+        },
+        async {
+            // The client sends nothing on an event stream: a read ends
+            // only when it goes away (or misbehaves, which ends it too).
+            let _ = stream.read(scratch).await;
+            Wake::ClientGone
+        },
+    )
+    .await
 }

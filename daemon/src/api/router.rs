@@ -200,36 +200,11 @@ fn session_query(head: &RequestHead) -> Result<Vec<(String, String)>, HttpError>
 async fn handle_connection(mut stream: Conn, app: CoreApp, api: &ApiShared, pending: Pending) {
     let limits = limits(&app);
     let mut buf = Vec::new();
-    let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
-    let request = pending
-        .within(timeout, read_request(&mut stream, &mut buf, &limits, &app))
-        .await;
-    let head = match request {
-        Ok(Ok(h)) => h,
-        Ok(Err(e)) => {
-            pending.complete();
-            if !matches!(e, HttpError::ClosedBeforeHead { .. }) {
-                let _ = http::respond_error(&mut stream, &e).await;
-            }
-            return;
-        }
-        Err(PendingEnd::TimedOut) => {
-            let _ = http::respond_error(&mut stream, &HttpError::Timeout).await;
-            return;
-        }
-        // Closed to make room for a newer connection: no answer.
-        Err(PendingEnd::Evicted) => return,
+    let Some((head, pending)) =
+        receive_request(&mut stream, &mut buf, &limits, &app, pending).await
+    else {
+        return;
     };
-    // Started, except a Media Streams WebSocket, which is pending until its
-    // `start` event.
-    let media_stream = head.method == "GET"
-        && head.path == "/v1/media-stream"
-        && app.shared.config.media_streams.enabled
-        && head.is_websocket_upgrade();
-    let mut pending = Some(pending);
-    if !media_stream {
-        pending.take().expect("not taken yet").complete();
-    }
     if !is_public(&head) && !authorized(&app, &head) {
         let _ = http::write_error(&mut stream, 401, "missing or wrong bearer token").await;
         return;
@@ -237,84 +212,134 @@ async fn handle_connection(mut stream: Conn, app: CoreApp, api: &ApiShared, pend
     let result = route(&mut stream, &app, api, &head, &mut buf, &limits).await;
     match result {
         Ok(Route::Done) => {}
-        Ok(Route::Chat) => {
-            let query = match session_query(&head) {
-                Ok(q) => q,
-                Err(e) => {
-                    let _ = http::respond_error(&mut stream, &e).await;
-                    return;
-                }
-            };
-            let max = app.shared.config.session.max_message_bytes;
-            let config = http::ws_config(max, max);
-            // The id is handed out with the upgrade: the client can follow
-            // its own session's events from the start.
-            let id = app.shared.session_id();
-            let id_header = [("Moshid-Session-Id", id.to_string())];
-            let headers = id_header.each_ref().map(|(n, v)| (*n, v.as_str()));
-            if let Ok(ws) = http::accept_websocket_with(
-                stream,
-                &head,
-                std::mem::take(&mut buf),
-                config,
-                &headers,
-            )
-            .await
-            {
-                ws_chat::run(ws, app, query, id).await;
-            }
-        }
-        Ok(Route::MediaStream) => {
-            let query = match session_query(&head) {
-                Ok(q) => q,
-                Err(e) => {
-                    let _ = http::respond_error(&mut stream, &e).await;
-                    return;
-                }
-            };
-            let max = app.shared.config.session.max_message_bytes;
-            let config = http::ws_config(max, max);
-            let Some(pending) = pending else {
-                return;
-            };
-            if let Ok(ws) =
-                http::accept_websocket(stream, &head, std::mem::take(&mut buf), config).await
-            {
-                crate::transport::media_streams::run(ws, app, query, pending).await;
-            }
-        }
+        Ok(Route::Chat) => upgrade_chat(stream, app, &head, buf).await,
+        Ok(Route::MediaStream) => upgrade_media_stream(stream, app, &head, buf, pending).await,
         Ok(Route::Realtime(endpoint)) => {
-            let query = match session_query(&head) {
-                Ok(q) => q,
-                Err(e) => {
-                    let _ = http::respond_error(&mut stream, &e).await;
-                    return;
-                }
-            };
-            let max = app.shared.config.realtime.max_event_bytes;
-            let config = http::ws_config(max, max);
-            let id = app.shared.session_id();
-            let id_value = id.to_string();
-            let mut headers = vec![("Moshid-Session-Id", id_value.as_str())];
-            if let Some(p) = realtime_subprotocol(&head) {
-                headers.push(("Sec-WebSocket-Protocol", p));
-            }
-            if let Ok(ws) = http::accept_websocket_with(
-                stream,
-                &head,
-                std::mem::take(&mut buf),
-                config,
-                &headers,
-            )
-            .await
-            {
-                crate::transport::realtime::run(ws, app, query, id, endpoint, &api.model.name)
-                    .await;
-            }
+            upgrade_realtime(stream, app, api, &head, buf, endpoint).await;
         }
         Err(e) => {
             let _ = http::respond_error(&mut stream, &e).await;
         }
+    }
+}
+
+/// Reads the request while the connection is pending (within
+/// `listen.head_timeout_ms`, evictable), answering a broken or late one.
+/// Returns its head and, for a Media Streams WebSocket, the still pending
+/// place: that connection is pending until its `start` event; every other
+/// one is complete (never evicted) from here.
+async fn receive_request(
+    stream: &mut Conn,
+    buf: &mut Vec<u8>,
+    limits: &HeadLimits,
+    app: &CoreApp,
+    pending: Pending,
+) -> Option<(RequestHead, Option<Pending>)> {
+    let timeout = Duration::from_millis(app.shared.config.listen.head_timeout_ms);
+    let request = pending
+        .within(timeout, read_request(stream, buf, limits, app))
+        .await;
+    let head = match request {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            pending.complete();
+            if !matches!(e, HttpError::ClosedBeforeHead { .. }) {
+                let _ = http::respond_error(stream, &e).await;
+            }
+            return None;
+        }
+        Err(PendingEnd::TimedOut) => {
+            let _ = http::respond_error(stream, &HttpError::Timeout).await;
+            return None;
+        }
+        // Closed to make room for a newer connection: no answer.
+        Err(PendingEnd::Evicted) => return None,
+    };
+    let media_stream = head.method == "GET"
+        && head.path == "/v1/media-stream"
+        && app.shared.config.media_streams.enabled
+        && head.is_websocket_upgrade();
+    if media_stream {
+        return Some((head, Some(pending)));
+    }
+    pending.complete();
+    Some((head, None))
+}
+
+/// A session's query parameters, or `None` once a bad query is answered.
+async fn query_or_answer(stream: &mut Conn, head: &RequestHead) -> Option<Vec<(String, String)>> {
+    match session_query(head) {
+        Ok(q) => Some(q),
+        Err(e) => {
+            let _ = http::respond_error(stream, &e).await;
+            None
+        }
+    }
+}
+
+/// `/api/chat`: upgrades and runs a chat session on this core. The id is
+/// handed out with the upgrade, so the client can follow its own session's
+/// events from the start.
+async fn upgrade_chat(mut stream: Conn, app: CoreApp, head: &RequestHead, buf: Vec<u8>) {
+    let Some(query) = query_or_answer(&mut stream, head).await else {
+        return;
+    };
+    let max = app.shared.config.session.max_message_bytes;
+    let config = http::ws_config(max, max);
+    let id = app.shared.session_id();
+    let id_header = [("Moshid-Session-Id", id.to_string())];
+    let headers = id_header.each_ref().map(|(n, v)| (*n, v.as_str()));
+    if let Ok(ws) = http::accept_websocket_with(stream, head, buf, config, &headers).await {
+        ws_chat::run(ws, app, query, id).await;
+    }
+}
+
+/// `/v1/media-stream`: upgrades and runs a Media Streams session, which
+/// keeps the connection pending until its `start` event.
+async fn upgrade_media_stream(
+    mut stream: Conn,
+    app: CoreApp,
+    head: &RequestHead,
+    buf: Vec<u8>,
+    pending: Option<Pending>,
+) {
+    let Some(query) = query_or_answer(&mut stream, head).await else {
+        return;
+    };
+    let max = app.shared.config.session.max_message_bytes;
+    let config = http::ws_config(max, max);
+    let Some(pending) = pending else {
+        return;
+    };
+    if let Ok(ws) = http::accept_websocket(stream, head, buf, config).await {
+        crate::transport::media_streams::run(ws, app, query, pending).await;
+    }
+}
+
+/// `/v1/realtime` and `/v1/realtime/translations`: upgrades (with the
+/// session's id, and the `realtime` subprotocol when offered) and runs a
+/// Realtime session.
+async fn upgrade_realtime(
+    mut stream: Conn,
+    app: CoreApp,
+    api: &ApiShared,
+    head: &RequestHead,
+    buf: Vec<u8>,
+    endpoint: crate::transport::realtime::Endpoint,
+) {
+    let Some(query) = query_or_answer(&mut stream, head).await else {
+        return;
+    };
+    let max = app.shared.config.realtime.max_event_bytes;
+    let config = http::ws_config(max, max);
+    let id = app.shared.session_id();
+    let id_value = id.to_string();
+    let mut headers = vec![("Moshid-Session-Id", id_value.as_str())];
+    if let Some(p) = realtime_subprotocol(head) {
+        headers.push(("Sec-WebSocket-Protocol", p));
+    }
+    if let Ok(ws) = http::accept_websocket_with(stream, head, buf, config, &headers).await {
+        crate::transport::realtime::run(ws, app, query, id, endpoint, &api.model.name).await;
     }
 }
 

@@ -236,49 +236,10 @@ impl OggPacketReader {
     /// its bytes have not all arrived yet.
     fn start_page(&mut self) -> Result<bool, CodecError> {
         let avail = &self.buf[self.read_pos..self.write_pos];
-        let prefix = avail.len().min(OGG_CAPTURE_PATTERN.len());
-        if avail[..prefix] != OGG_CAPTURE_PATTERN[..prefix] {
-            let mut found = [0u8; 4];
-            found[..prefix].copy_from_slice(&avail[..prefix]);
-            return Err(CodecError::BadCapturePattern { found });
-        }
-        if avail.len() > 4 && avail[4] != 0 {
-            return Err(CodecError::UnsupportedOggVersion { version: avail[4] });
-        }
-        if avail.len() > 5 && avail[5] & !0x07 != 0 {
-            return Err(CodecError::BadHeaderType {
-                header_type: avail[5],
-            });
-        }
-        if avail.len() < OGG_HEADER_BYTES {
+        let Some((header_bytes, page_bytes)) = page_extent(avail, self.config.max_page_bytes)?
+        else {
             return Ok(false);
-        }
-        let segment_count = avail[26] as usize;
-        let header_bytes = OGG_HEADER_BYTES + segment_count;
-        let max_page_bytes = self.config.max_page_bytes;
-        if header_bytes > max_page_bytes {
-            return Err(CodecError::PageTooLarge {
-                page_bytes: header_bytes,
-                max_page_bytes,
-            });
-        }
-        if avail.len() < header_bytes {
-            return Ok(false);
-        }
-        let body_bytes: usize = avail[OGG_HEADER_BYTES..header_bytes]
-            .iter()
-            .map(|&l| l as usize)
-            .sum();
-        let page_bytes = header_bytes + body_bytes;
-        if page_bytes > max_page_bytes {
-            return Err(CodecError::PageTooLarge {
-                page_bytes,
-                max_page_bytes,
-            });
-        }
-        if avail.len() < page_bytes {
-            return Ok(false);
-        }
+        };
         let page = &avail[..page_bytes];
         let sequence = le_u32(&page[18..22]);
         let expected_crc = le_u32(&page[22..26]);
@@ -290,12 +251,37 @@ impl OggPacketReader {
                 computed: computed_crc,
             });
         }
+        let segment_count = page[26] as usize;
         let header_type = page[5];
         let granule_position = i64::from_le_bytes(page[6..14].try_into().unwrap_or([0; 8]));
         let serial = le_u32(&page[14..18]);
+        self.check_stream_order(serial, sequence, header_type)?;
+        self.end_of_stream_seen = header_type & OGG_FLAG_END_OF_STREAM != 0;
+        self.next_sequence = sequence.wrapping_add(1);
+        self.page = Some(PageCursor {
+            page_bytes,
+            segment_count,
+            next_segment: 0,
+            body_offset: header_bytes,
+            sequence,
+            granule_position,
+        });
+        Ok(true)
+    }
+
+    /// Checks that a page (CRC already verified) continues the current
+    /// logical stream: same serial, next sequence number, not after the
+    /// end of stream, and a "continued" flag that agrees with whether a
+    /// packet is pending. A BOS page (or the first page seen) starts a new
+    /// stream instead, which it may only do between packets.
+    fn check_stream_order(
+        &mut self,
+        serial: u32,
+        sequence: u32,
+        header_type: u8,
+    ) -> Result<(), CodecError> {
         let continued = header_type & OGG_FLAG_CONTINUED != 0;
         let begins_stream = header_type & OGG_FLAG_BEGIN_OF_STREAM != 0;
-
         let packet_pending = self.packet_bytes > 0;
         match self.serial {
             Some(current) if !begins_stream => {
@@ -336,18 +322,58 @@ impl OggPacketReader {
                 packet_pending,
             });
         }
-        self.end_of_stream_seen = header_type & OGG_FLAG_END_OF_STREAM != 0;
-        self.next_sequence = sequence.wrapping_add(1);
-        self.page = Some(PageCursor {
-            page_bytes,
-            segment_count,
-            next_segment: 0,
-            body_offset: header_bytes,
-            sequence,
-            granule_position,
-        });
-        Ok(true)
+        Ok(())
     }
+}
+
+/// The framing of the page that starts `avail`: `(header_bytes,
+/// page_bytes)`, or `None` while its bytes have not all arrived. The
+/// capture pattern, version, header flags and sizes are checked as soon as
+/// their bytes are there, so garbage fails without waiting for more.
+fn page_extent(avail: &[u8], max_page_bytes: usize) -> Result<Option<(usize, usize)>, CodecError> {
+    let prefix = avail.len().min(OGG_CAPTURE_PATTERN.len());
+    if avail[..prefix] != OGG_CAPTURE_PATTERN[..prefix] {
+        let mut found = [0u8; 4];
+        found[..prefix].copy_from_slice(&avail[..prefix]);
+        return Err(CodecError::BadCapturePattern { found });
+    }
+    if avail.len() > 4 && avail[4] != 0 {
+        return Err(CodecError::UnsupportedOggVersion { version: avail[4] });
+    }
+    if avail.len() > 5 && avail[5] & !0x07 != 0 {
+        return Err(CodecError::BadHeaderType {
+            header_type: avail[5],
+        });
+    }
+    if avail.len() < OGG_HEADER_BYTES {
+        return Ok(None);
+    }
+    let segment_count = avail[26] as usize;
+    let header_bytes = OGG_HEADER_BYTES + segment_count;
+    if header_bytes > max_page_bytes {
+        return Err(CodecError::PageTooLarge {
+            page_bytes: header_bytes,
+            max_page_bytes,
+        });
+    }
+    if avail.len() < header_bytes {
+        return Ok(None);
+    }
+    let body_bytes: usize = avail[OGG_HEADER_BYTES..header_bytes]
+        .iter()
+        .map(|&l| l as usize)
+        .sum();
+    let page_bytes = header_bytes + body_bytes;
+    if page_bytes > max_page_bytes {
+        return Err(CodecError::PageTooLarge {
+            page_bytes,
+            max_page_bytes,
+        });
+    }
+    if avail.len() < page_bytes {
+        return Ok(None);
+    }
+    Ok(Some((header_bytes, page_bytes)))
 }
 
 #[inline]

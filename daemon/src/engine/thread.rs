@@ -441,13 +441,7 @@ impl Engine {
     /// Plans the groups, then steps the slots the plan gives the tick at
     /// `position` (each with its oldest queued frame).
     fn step_group(&mut self, position: usize, late_ms: f64, metrics_on: bool) {
-        if self.refresh_due || position == 0 || self.step_table_ms[1] == 0.0 {
-            self.refresh_due = false;
-            for (n, t) in self.step_table_ms.iter_mut().enumerate() {
-                *t = self.shared.step_times.predict_ms(n);
-            }
-            self.grouping.invalidate();
-        }
+        self.refresh_step_table(position);
         let table = &self.step_table_ms;
         let step_ms = |n: usize| table[n.min(table.len() - 1)];
         let plan = self.grouping.plan(&step_ms);
@@ -477,6 +471,48 @@ impl Engine {
         // Metrics on: the moment the frames are taken into the batch.
         let taken = Instant::now();
         let fill_start = metrics_on.then_some(taken);
+        self.fill_batch(position, taken, fill_start);
+        if count == 0 {
+            self.finish_tick(position);
+            return;
+        }
+        self.out.late = late;
+        let t = Instant::now();
+        if let Some(fill_start) = fill_start {
+            self.stages
+                .record(Stage::BatchFill, t.saturating_duration_since(fill_start));
+        }
+        let whole_batch_failed = self.model.step(&mut self.batch).is_err();
+        let step_time = t.elapsed();
+        self.record_step(position, count, step_time, metrics_on);
+        self.answer_step(whole_batch_failed);
+        self.out.late = false;
+        self.ring_touched();
+        self.finish_tick(position);
+    }
+
+    /// Re-reads the predicted step times into `step_table_ms` when they
+    /// are due (once per period, at position 0; after a refresh request;
+    /// while the table has no prediction yet), and makes the grouping
+    /// re-plan with them.
+    #[inline]
+    fn refresh_step_table(&mut self, position: usize) {
+        if self.refresh_due || position == 0 || self.step_table_ms[1] == 0.0 {
+            self.refresh_due = false;
+            for (n, t) in self.step_table_ms.iter_mut().enumerate() {
+                *t = self.shared.step_times.predict_ms(n);
+            }
+            self.grouping.invalidate();
+        }
+    }
+
+    /// Moves each selected slot's oldest queued frame into the batch (and
+    /// its end-of-input flag), recording how long it waited: in the queue
+    /// (`FrameWait`, metrics on: `fill_start` is `Some`) and since the
+    /// session completed it (the group board). `taken` is the moment the
+    /// frames are taken. Copies only: the batch and queues are preallocated.
+    #[inline]
+    fn fill_batch(&mut self, position: usize, taken: Instant, fill_start: Option<Instant>) {
         for (s, st) in self.slots.iter_mut().enumerate() {
             if !self.batch.exec[s] {
                 continue;
@@ -499,18 +535,12 @@ impl Engine {
             st.queue_head = (st.queue_head + 1) % self.queue_depth;
             st.queue_len -= 1;
         }
-        if count == 0 {
-            self.finish_tick(position);
-            return;
-        }
-        self.out.late = late;
-        let t = Instant::now();
-        if let Some(fill_start) = fill_start {
-            self.stages
-                .record(Stage::BatchFill, t.saturating_duration_since(fill_start));
-        }
-        let whole_batch_failed = self.model.step(&mut self.batch).is_err();
-        let step_time = t.elapsed();
+    }
+
+    /// Counts a model step of `count` frames: the stage metrics (when on),
+    /// the step-time predictor's sample and the engine's counters.
+    #[inline]
+    fn record_step(&mut self, position: usize, count: u64, step_time: Duration, metrics_on: bool) {
         if metrics_on {
             self.stages.model_step(position, count as usize, step_time);
             self.stages.frames(count);
@@ -524,6 +554,12 @@ impl Engine {
         if count > 1 {
             stats.multi_stream_steps.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Tells each stepped slot's session what its step gave: a fault (the
+    /// whole batch's or its own, counted), output, or no output yet.
+    #[inline]
+    fn answer_step(&mut self, whole_batch_failed: bool) {
         for s in 0..self.slots.len() {
             if !self.batch.exec[s] {
                 continue;
@@ -541,9 +577,6 @@ impl Engine {
             let token = self.batch.text_token[s];
             self.send(st.core, kind, s as u32, st.generation, token, Some(s));
         }
-        self.out.late = false;
-        self.ring_touched();
-        self.finish_tick(position);
     }
 
     /// Frame boundaries (slots with nothing queued take their target

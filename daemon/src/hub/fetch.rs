@@ -287,23 +287,109 @@ impl Client {
         if blob.is_file() {
             return Ok(blob);
         }
-        let part = cache.incomplete(&meta.etag);
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| HubError::Io { path: p, source }
-        };
-        let dir = part.parent().expect("blobs/ has a parent");
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let mut out = std::fs::OpenOptions::new()
+        let mut part = Partial::open(cache.incomplete(&meta.etag), file, meta)?;
+        let mut progress = Progress::start(file, meta.size, part.have);
+        let mut attempt = 0;
+        let mut buf = vec![0u8; 1 << 20];
+        while part.have < meta.size {
+            attempt += 1;
+            let resp = match self.get_from(meta, part.have) {
+                Ok(r) => r,
+                Err(e) if attempt < ATTEMPTS => {
+                    eprintln!("pull: {file}: {e}; retrying ({attempt}/{ATTEMPTS})");
+                    std::thread::sleep(Duration::from_millis(500 * attempt as u64));
+                    continue;
+                }
+                Err(e) => return Err(self.network(e)),
+            };
+            part.accept_answer(&resp, cache, &mut progress)?;
+            let cut = part.copy_body(resp, &mut buf, &mut progress)?;
+            if part.have < meta.size {
+                self.cut_short(&part, cut, attempt)?;
+            }
+        }
+        part.verify_into(&blob)?;
+        progress.finish();
+        Ok(blob)
+    }
+
+    /// Sends step 2's `GET`, asking for the bytes from `have` on when there
+    /// is a partial download to resume.
+    fn get_from(
+        &self,
+        meta: &FileMeta,
+        have: u64,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut req = self.with_auth(self.agent.get(&meta.url), &meta.url);
+        if have > 0 {
+            req = req.header("Range", format!("bytes={have}-"));
+        }
+        req.call()
+    }
+
+    /// After a body that ended before the file's last byte (`cut` is the
+    /// read error, if one ended it): gives up once `attempt` reaches
+    /// [`ATTEMPTS`], keeping the partial file for the next pull; else logs
+    /// and backs off before the caller resumes.
+    fn cut_short(
+        &self,
+        part: &Partial<'_>,
+        cut: Option<std::io::Error>,
+        attempt: u32,
+    ) -> Result<(), HubError> {
+        let (file, have, size) = (part.file, part.have, part.meta.size);
+        let why = cut.map_or("the connection closed early".to_string(), |e| e.to_string());
+        if attempt >= ATTEMPTS {
+            return Err(HubError::Network {
+                endpoint: self.endpoint.clone(),
+                cause: format!(
+                    "{file}: {why} at {have} of {size} bytes, {ATTEMPTS} times; \
+                     the partial download is kept and the next pull resumes it"
+                ),
+            });
+        }
+        eprintln!("pull: {file}: {why} at {have} of {size} bytes; resuming ({attempt}/{ATTEMPTS})");
+        std::thread::sleep(Duration::from_millis(500 * attempt as u64));
+        Ok(())
+    }
+}
+
+/// An [`HubError::Io`] maker for errors on `p`, for `map_err`.
+fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> HubError {
+    let p = p.to_path_buf();
+    move |source| HubError::Io { path: p, source }
+}
+
+/// A download in progress: the blob's `.incomplete` file in `blobs/`.
+///
+/// Invariant: `hasher` has seen exactly the file's first `have` bytes, so
+/// the checksum covers the whole file even when the download was resumed.
+struct Partial<'a> {
+    out: std::fs::File,
+    path: std::path::PathBuf,
+    file: &'a str,
+    meta: &'a FileMeta,
+    have: u64,
+    hasher: Hasher,
+}
+
+impl<'a> Partial<'a> {
+    /// Opens (or creates) `path`, empties a partial file longer than the
+    /// blob (it cannot be a prefix of it), refuses when the disk cannot
+    /// hold the rest, and hashes the bytes already there.
+    fn open(path: std::path::PathBuf, file: &'a str, meta: &'a FileMeta) -> Result<Self, HubError> {
+        let dir = path.parent().expect("blobs/ has a parent");
+        std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let out = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
-            .open(&part)
-            .map_err(io(&part))?;
-        let mut have = out.metadata().map_err(io(&part))?.len();
+            .open(&path)
+            .map_err(io_at(&path))?;
+        let mut have = out.metadata().map_err(io_at(&path))?.len();
         if have > meta.size {
-            out.set_len(0).map_err(io(&part))?;
+            out.set_len(0).map_err(io_at(&path))?;
             have = 0;
         }
         let needed = meta.size - have;
@@ -317,133 +403,167 @@ impl Client {
                 });
             }
         }
-        let mut hasher = Hasher::for_etag(&meta.etag, meta.size).expect("checked by resolve");
-        // A resumed download: hash what is already there first.
-        if have > 0 {
-            out.seek(std::io::SeekFrom::Start(0)).map_err(io(&part))?;
-            let mut left = have;
-            let mut buf = vec![0u8; 1 << 20];
-            while left > 0 {
-                let n = (buf.len() as u64).min(left) as usize;
-                out.read_exact(&mut buf[..n]).map_err(io(&part))?;
-                hasher.update(&buf[..n]);
-                left -= n as u64;
-            }
+        let hasher = Hasher::for_etag(&meta.etag, meta.size).expect("checked by resolve");
+        let mut part = Partial {
+            out,
+            path,
+            file,
+            meta,
+            have,
+            hasher,
+        };
+        part.hash_existing()?;
+        Ok(part)
+    }
+
+    /// The `blobs/` folder the file is in.
+    fn dir(&self) -> &Path {
+        self.path.parent().expect("blobs/ has a parent")
+    }
+
+    /// A resumed download: hashes what is already there first.
+    fn hash_existing(&mut self) -> Result<(), HubError> {
+        if self.have == 0 {
+            return Ok(());
         }
-        let mut progress = Progress::start(file, meta.size, have);
-        let mut attempt = 0;
+        self.out
+            .seek(std::io::SeekFrom::Start(0))
+            .map_err(io_at(&self.path))?;
+        let mut left = self.have;
         let mut buf = vec![0u8; 1 << 20];
-        while have < meta.size {
-            attempt += 1;
-            let mut req = self.with_auth(self.agent.get(&meta.url), &meta.url);
-            if have > 0 {
-                req = req.header("Range", format!("bytes={have}-"));
-            }
-            let result = req.call();
-            let resp = match result {
-                Ok(r) => r,
-                Err(e) if attempt < ATTEMPTS => {
-                    eprintln!("pull: {file}: {e}; retrying ({attempt}/{ATTEMPTS})");
-                    std::thread::sleep(Duration::from_millis(500 * attempt as u64));
-                    continue;
-                }
-                Err(e) => return Err(self.network(e)),
-            };
-            let status = resp.status().as_u16();
-            match status {
-                206 => {
-                    let start = header(&resp, "content-range").and_then(|c| {
-                        c.strip_prefix("bytes ")?
-                            .split('-')
-                            .next()?
-                            .parse::<u64>()
-                            .ok()
-                    });
-                    if start != Some(have) {
-                        return Err(HubError::Protocol {
-                            repo: cache.folder.clone(),
-                            file: file.to_string(),
-                            what: format!("asked for bytes {have}-, got Content-Range {start:?}"),
-                        });
-                    }
-                }
-                200 => {
-                    if have > 0 {
-                        // The server ignored the range: start over.
-                        out.set_len(0).map_err(io(&part))?;
-                        have = 0;
-                        hasher =
-                            Hasher::for_etag(&meta.etag, meta.size).expect("checked by resolve");
-                        progress.restart(0);
-                    }
-                }
-                _ => {
+        while left > 0 {
+            let n = (buf.len() as u64).min(left) as usize;
+            self.out
+                .read_exact(&mut buf[..n])
+                .map_err(io_at(&self.path))?;
+            self.hasher.update(&buf[..n]);
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    /// Checks a `GET`'s status: a 206 must start at `have`; a 200 to a
+    /// ranged request means the server ignored the range, so the file
+    /// starts over; anything else is an error.
+    fn accept_answer(
+        &mut self,
+        resp: &ureq::http::Response<ureq::Body>,
+        cache: &RepoCache,
+        progress: &mut Progress,
+    ) -> Result<(), HubError> {
+        let have = self.have;
+        let status = resp.status().as_u16();
+        match status {
+            206 => {
+                let start = header(resp, "content-range").and_then(|c| {
+                    c.strip_prefix("bytes ")?
+                        .split('-')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                });
+                if start != Some(have) {
                     return Err(HubError::Protocol {
                         repo: cache.folder.clone(),
-                        file: file.to_string(),
-                        what: format!("download answered HTTP {status}"),
-                    })
+                        file: self.file.to_string(),
+                        what: format!("asked for bytes {have}-, got Content-Range {start:?}"),
+                    });
                 }
             }
-            out.seek(std::io::SeekFrom::Start(have))
-                .map_err(io(&part))?;
-            let mut body = resp.into_body().into_reader();
-            let cut = loop {
-                let n = match body.read(&mut buf) {
-                    Ok(0) => break None,
-                    Ok(n) => n.min((meta.size - have) as usize),
-                    Err(e) => break Some(e),
-                };
-                if n == 0 {
-                    break None;
+            200 => {
+                if have > 0 {
+                    // The server ignored the range: start over.
+                    self.out.set_len(0).map_err(io_at(&self.path))?;
+                    self.have = 0;
+                    self.hasher = Hasher::for_etag(&self.meta.etag, self.meta.size)
+                        .expect("checked by resolve");
+                    progress.restart(0);
                 }
-                if let Err(e) = out.write_all(&buf[..n]) {
-                    if is_disk_full(&e) {
-                        let _ = out.flush();
-                        return Err(HubError::DiskFull {
-                            path: dir.to_path_buf(),
-                            file: file.to_string(),
-                            needed: meta.size - have,
-                            free: super::cache::free_bytes(dir).unwrap_or(0),
-                        });
-                    }
-                    return Err(HubError::Io {
-                        path: part.clone(),
-                        source: e,
-                    });
-                }
-                hasher.update(&buf[..n]);
-                have += n as u64;
-                progress.advance(n as u64);
-                if have == meta.size {
-                    break None;
-                }
-            };
-            if have < meta.size {
-                let why = cut.map_or("the connection closed early".to_string(), |e| e.to_string());
-                if attempt >= ATTEMPTS {
-                    return Err(HubError::Network {
-                        endpoint: self.endpoint.clone(),
-                        cause: format!(
-                            "{file}: {why} at {have} of {} bytes, {ATTEMPTS} times; \
-                             the partial download is kept and the next pull resumes it",
-                            meta.size
-                        ),
-                    });
-                }
-                eprintln!(
-                    "pull: {file}: {why} at {have} of {} bytes; resuming ({attempt}/{ATTEMPTS})",
-                    meta.size
-                );
-                std::thread::sleep(Duration::from_millis(500 * attempt as u64));
+            }
+            _ => {
+                return Err(HubError::Protocol {
+                    repo: cache.folder.clone(),
+                    file: self.file.to_string(),
+                    what: format!("download answered HTTP {status}"),
+                })
             }
         }
-        out.sync_all().map_err(io(&part))?;
+        Ok(())
+    }
+
+    /// Writes the body at `have`, hashing as it goes, until the body ends
+    /// or the file is complete (extra bytes are dropped). Returns the read
+    /// error that cut the body short, if one did: the caller resumes; a
+    /// write error is returned as the error, since retrying cannot help.
+    fn copy_body(
+        &mut self,
+        resp: ureq::http::Response<ureq::Body>,
+        buf: &mut [u8],
+        progress: &mut Progress,
+    ) -> Result<Option<std::io::Error>, HubError> {
+        let size = self.meta.size;
+        self.out
+            .seek(std::io::SeekFrom::Start(self.have))
+            .map_err(io_at(&self.path))?;
+        let mut body = resp.into_body().into_reader();
+        let cut = loop {
+            let n = match body.read(buf) {
+                Ok(0) => break None,
+                Ok(n) => n.min((size - self.have) as usize),
+                Err(e) => break Some(e),
+            };
+            if n == 0 {
+                break None;
+            }
+            if let Err(e) = self.out.write_all(&buf[..n]) {
+                return Err(self.write_error(e));
+            }
+            self.hasher.update(&buf[..n]);
+            self.have += n as u64;
+            progress.advance(n as u64);
+            if self.have == size {
+                break None;
+            }
+        };
+        Ok(cut)
+    }
+
+    /// The error for a failed write: a full disk (with what is still
+    /// needed and what is free) or plain I/O.
+    fn write_error(&mut self, e: std::io::Error) -> HubError {
+        if is_disk_full(&e) {
+            let _ = self.out.flush();
+            let dir = self.dir();
+            return HubError::DiskFull {
+                path: dir.to_path_buf(),
+                file: self.file.to_string(),
+                needed: self.meta.size - self.have,
+                free: super::cache::free_bytes(dir).unwrap_or(0),
+            };
+        }
+        HubError::Io {
+            path: self.path.clone(),
+            source: e,
+        }
+    }
+
+    /// Syncs the complete file, then renames it to `blob` if its hash is
+    /// the hub's etag; a file that does not match is deleted.
+    fn verify_into(self, blob: &Path) -> Result<(), HubError> {
+        let Partial {
+            out,
+            path,
+            file,
+            meta,
+            hasher,
+            ..
+        } = self;
+        out.sync_all().map_err(io_at(&path))?;
         drop(out);
         let algo = hasher.algo();
         let found = hasher.hex();
         if found != meta.etag {
-            let _ = std::fs::remove_file(&part);
+            let _ = std::fs::remove_file(&path);
             return Err(HubError::Checksum {
                 file: file.to_string(),
                 algo,
@@ -451,9 +571,8 @@ impl Client {
                 found,
             });
         }
-        std::fs::rename(&part, &blob).map_err(io(&blob))?;
-        progress.finish();
-        Ok(blob)
+        std::fs::rename(&path, blob).map_err(io_at(blob))?;
+        Ok(())
     }
 }
 

@@ -78,37 +78,66 @@ pub fn session_params(
     defaults: &GenDefaults,
     model: &ModelInfo,
 ) -> Result<SessionParams, ParamError> {
-    let mut g = GenParams {
-        use_sampling: true,
-        temp: defaults.audio_temperature,
-        temp_text: defaults.text_temperature,
-        top_k: defaults.audio_topk,
-        top_k_text: defaults.text_topk,
-        seed: 0,
-        cfg_coef: defaults.cfg_coef,
-        conditions: Vec::new(),
-        null_conditions: Vec::new(),
-        pad_mult: defaults.pad_mult,
-        repetition_penalty: None,
-    };
-    let mut seeded = false;
-    let mut penalty = defaults.repetition_penalty;
-    let mut context = defaults.repetition_penalty_context;
-    let mut rule_key: Option<&str> = None;
+    let mut read = ParamsBuilder::new(defaults);
     for (k, v) in pairs {
-        match k.as_str() {
-            "text_temperature" => g.temp_text = temperature(k, v)?,
-            "audio_temperature" => g.temp = temperature(k, v)?,
-            "text_topk" => g.top_k_text = topk(k, v)?,
-            "audio_topk" => g.top_k = topk(k, v)?,
+        read.apply(k, v, model)?;
+    }
+    read.finish(model)
+}
+
+/// What `session_params` has read so far: the generation parameters, and
+/// what the checks after the last pair need (they depend on several keys,
+/// whatever their order).
+struct ParamsBuilder {
+    g: GenParams,
+    /// Whether a seed was given (else a fresh one is drawn).
+    seeded: bool,
+    penalty: f32,
+    context: usize,
+    /// The first text-rule key given, named when the rules conflict with
+    /// classifier-free guidance.
+    rule_key: Option<&'static str>,
+}
+
+impl ParamsBuilder {
+    /// The defaults, before any pair.
+    fn new(defaults: &GenDefaults) -> Self {
+        ParamsBuilder {
+            g: GenParams {
+                use_sampling: true,
+                temp: defaults.audio_temperature,
+                temp_text: defaults.text_temperature,
+                top_k: defaults.audio_topk,
+                top_k_text: defaults.text_topk,
+                seed: 0,
+                cfg_coef: defaults.cfg_coef,
+                conditions: Vec::new(),
+                null_conditions: Vec::new(),
+                pad_mult: defaults.pad_mult,
+                repetition_penalty: None,
+            },
+            seeded: false,
+            penalty: defaults.repetition_penalty,
+            context: defaults.repetition_penalty_context,
+            rule_key: None,
+        }
+    }
+
+    /// Reads one pair; an unknown key is ignored.
+    fn apply(&mut self, k: &str, v: &str, model: &ModelInfo) -> Result<(), ParamError> {
+        match k {
+            "text_temperature" => self.g.temp_text = temperature(k, v)?,
+            "audio_temperature" => self.g.temp = temperature(k, v)?,
+            "text_topk" => self.g.top_k_text = topk(k, v)?,
+            "audio_topk" => self.g.top_k = topk(k, v)?,
             "seed" | "text_seed" | "audio_seed" => {
                 // Kyutai's web client sends seeds as (possibly negative) integers.
                 let s: i64 = num(k, v)?;
-                g.seed = s as u64;
-                seeded = true;
+                self.g.seed = s as u64;
+                self.seeded = true;
             }
             "greedy" => {
-                g.use_sampling = match v.as_str() {
+                self.g.use_sampling = match v {
                     "true" | "1" => false,
                     "false" | "0" => true,
                     _ => return Err(err(k, "must be true or false")),
@@ -119,16 +148,16 @@ pub fn session_params(
                 if !(-10.0..=10.0).contains(&m) {
                     return Err(err(k, "must be between -10 and 10"));
                 }
-                g.pad_mult = m;
-                rule_key = rule_key.or(Some("pad_mult"));
+                self.g.pad_mult = m;
+                self.rule_key = self.rule_key.or(Some("pad_mult"));
             }
             "repetition_penalty" => {
                 let p: f32 = num(k, v)?;
                 if !(0.1..=10.0).contains(&p) {
                     return Err(err(k, "must be between 0.1 and 10"));
                 }
-                penalty = p;
-                rule_key = rule_key.or(Some("repetition_penalty"));
+                self.penalty = p;
+                self.rule_key = self.rule_key.or(Some("repetition_penalty"));
             }
             "repetition_penalty_context" => {
                 let c: usize = num(k, v)?;
@@ -136,51 +165,58 @@ pub fn session_params(
                 if c == 0 || c > max {
                     return Err(err(k, format!("must be between 1 and {max}")));
                 }
-                context = c;
+                self.context = c;
             }
             "cfg_coef" => {
                 let c: f32 = num(k, v)?;
                 if !(0.0..=100.0).contains(&c) {
                     return Err(err(k, "must be between 0 and 100"));
                 }
-                g.cfg_coef = c;
+                self.g.cfg_coef = c;
             }
             _ => {
                 if let Some(name) = k.strip_prefix("condition.") {
                     check_condition(k, name, v, model)?;
-                    g.conditions.push((name.to_string(), v.clone()));
+                    self.g.conditions.push((name.to_string(), v.to_string()));
                 } else if let Some(name) = k.strip_prefix("null_condition.") {
                     check_condition(k, name, v, model)?;
-                    g.null_conditions.push((name.to_string(), v.clone()));
+                    self.g
+                        .null_conditions
+                        .push((name.to_string(), v.to_string()));
                 }
                 // Anything else belongs to some client's own protocol: ignored.
             }
         }
+        Ok(())
     }
-    if g.cfg_coef != 1.0 && model.conditioners.is_empty() {
-        return Err(err(
-            "cfg_coef",
-            "this model has no conditioners to guide with",
-        ));
+
+    /// The checks that span keys, then the parameters.
+    fn finish(mut self, model: &ModelInfo) -> Result<SessionParams, ParamError> {
+        if self.g.cfg_coef != 1.0 && model.conditioners.is_empty() {
+            return Err(err(
+                "cfg_coef",
+                "this model has no conditioners to guide with",
+            ));
+        }
+        if self.penalty != 1.0 {
+            self.g.repetition_penalty = Some((self.context, self.penalty));
+        }
+        let rules_on = self.g.pad_mult != 0.0 || self.g.repetition_penalty.is_some();
+        if rules_on && self.g.cfg_coef != 1.0 {
+            return Err(err(
+                self.rule_key.unwrap_or("pad_mult"),
+                "cannot be honoured with classifier-free guidance (cfg_coef)",
+            ));
+        }
+        if !self.seeded {
+            // An unseeded session still gets its own stream of random numbers.
+            self.g.seed = fresh_seed();
+        }
+        Ok(SessionParams {
+            gen: self.g,
+            ..SessionParams::default()
+        })
     }
-    if penalty != 1.0 {
-        g.repetition_penalty = Some((context, penalty));
-    }
-    let rules_on = g.pad_mult != 0.0 || g.repetition_penalty.is_some();
-    if rules_on && g.cfg_coef != 1.0 {
-        return Err(err(
-            rule_key.unwrap_or("pad_mult"),
-            "cannot be honoured with classifier-free guidance (cfg_coef)",
-        ));
-    }
-    if !seeded {
-        // An unseeded session still gets its own stream of random numbers.
-        g.seed = fresh_seed();
-    }
-    Ok(SessionParams {
-        gen: g,
-        ..SessionParams::default()
-    })
 }
 
 fn check_condition(

@@ -130,30 +130,68 @@ pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
             "more than {MAX_MEDIA} media lines"
         )));
     }
-    let proto_ok =
-        |p: &str| p.eq_ignore_ascii_case("RTP/AVP") || p.eq_ignore_ascii_case("RTP/AVPF");
     let other_media = sdp
         .medias
         .iter()
         .map(|m| (m.media.clone(), m.proto.clone(), m.fmt.clone()))
         .collect();
-    let Some(audio_index) = sdp
+    let audio_index = audio_line(&sdp)?;
+    let m = &sdp.medias[audio_index];
+    let ip = connection_ip(&sdp, m)?;
+    let formats = formats_of(m)?;
+    let ptime_ms = m
+        .get_first_attribute_value("ptime")
+        .flatten()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let mut direction = direction_of(&sdp, m);
+    let remote = if ip.is_unspecified() {
+        // RFC 2543 hold.
+        if direction == Direction::SendRecv {
+            direction = Direction::SendOnly;
+        }
+        None
+    } else {
+        Some(SocketAddr::new(ip, m.port))
+    };
+    Ok(Offer {
+        remote,
+        formats,
+        ptime_ms,
+        direction,
+        audio_index,
+        media_count: sdp.medias.len(),
+        other_media,
+    })
+}
+
+/// The index of the first audio line moshid can take: a non-zero port
+/// over `RTP/AVP` or `RTP/AVPF`. The error says whether there was an audio
+/// line at all (an SRTP one is refused, not ignored).
+fn audio_line(sdp: &sdp_types::Session) -> Result<usize, OfferError> {
+    let proto_ok =
+        |p: &str| p.eq_ignore_ascii_case("RTP/AVP") || p.eq_ignore_ascii_case("RTP/AVPF");
+    if let Some(i) = sdp
         .medias
         .iter()
         .position(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0 && proto_ok(&m.proto))
-    else {
-        let why = if sdp
-            .medias
-            .iter()
-            .any(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0)
-        {
-            "the audio line is not RTP/AVP (no SRTP here)"
-        } else {
-            "no audio line with a port"
-        };
-        return Err(OfferError::NotAcceptable(why.into()));
+    {
+        return Ok(i);
+    }
+    let why = if sdp
+        .medias
+        .iter()
+        .any(|m| m.media.eq_ignore_ascii_case("audio") && m.port != 0)
+    {
+        "the audio line is not RTP/AVP (no SRTP here)"
+    } else {
+        "no audio line with a port"
     };
-    let m = &sdp.medias[audio_index];
+    Err(OfferError::NotAcceptable(why.into()))
+}
+
+/// The audio line's connection address (its own `c=`, else the
+/// session's): a unicast IP address, `0.0.0.0` included (hold).
+fn connection_ip(sdp: &sdp_types::Session, m: &sdp_types::Media) -> Result<IpAddr, OfferError> {
     let conn = m
         .connections
         .first()
@@ -172,6 +210,13 @@ pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
             "multicast media is not supported".into(),
         ));
     }
+    Ok(ip)
+}
+
+/// The audio line's formats in the offer's order (at most
+/// [`MAX_FORMATS`]), named by `a=rtpmap` or the static table; a dynamic
+/// type without `rtpmap` is skipped, a malformed one refuses the offer.
+fn formats_of(m: &sdp_types::Media) -> Result<Vec<Format>, OfferError> {
     let mut formats = Vec::new();
     for f in m.fmt.split_whitespace() {
         if formats.len() >= MAX_FORMATS {
@@ -207,10 +252,13 @@ pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
             channels,
         });
     }
-    let ptime_ms = m
-        .get_first_attribute_value("ptime")
-        .flatten()
-        .and_then(|v| v.trim().parse::<u32>().ok());
+    Ok(formats)
+}
+
+/// The offered direction: the media line's attribute, else the
+/// session's, else `sendrecv` (the default). `c=0.0.0.0` is the
+/// caller's to apply.
+fn direction_of(sdp: &sdp_types::Session, m: &sdp_types::Media) -> Direction {
     let dir_of = |has: &dyn Fn(&str) -> bool| {
         if has("inactive") {
             Some(Direction::Inactive)
@@ -224,27 +272,9 @@ pub fn parse_offer(body: &[u8]) -> Result<Offer, OfferError> {
             None
         }
     };
-    let mut direction = dir_of(&|a| m.has_attribute(a))
+    dir_of(&|a| m.has_attribute(a))
         .or_else(|| dir_of(&|a| sdp.has_attribute(a)))
-        .unwrap_or(Direction::SendRecv);
-    let remote = if ip.is_unspecified() {
-        // RFC 2543 hold.
-        if direction == Direction::SendRecv {
-            direction = Direction::SendOnly;
-        }
-        None
-    } else {
-        Some(SocketAddr::new(ip, m.port))
-    };
-    Ok(Offer {
-        remote,
-        formats,
-        ptime_ms,
-        direction,
-        audio_index,
-        media_count: sdp.medias.len(),
-        other_media,
-    })
+        .unwrap_or(Direction::SendRecv)
 }
 
 /// What the answer uses.
