@@ -34,7 +34,7 @@ use super::records::{FromEngine, FromEngineKind, ToEngine, ToEngineKind};
 use super::{CoreLink, EngineShared};
 use crate::metrics::{Owner, Stage, StageRecorder};
 use crate::FRAME_SAMPLES;
-use moshid_model::streaming::{Batch, SessionParams, StreamingModel};
+use moshid_model::streaming::{Batch, Prompt, PromptProgress, SessionParams, StreamingModel};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -171,6 +171,9 @@ impl Engine {
                 if s < size {
                     // Warm-up slots are reset again when a session opens them.
                     let _ = self.model.reset_slot(s, &params);
+                    if self.model.takes_prompts() {
+                        self.warm_up_prompt(s);
+                    }
                     // Priced at the worst case: a step never outgrows its
                     // measurement as conversations grow older.
                     full_context |= self.model.fill_context_for_timing(s);
@@ -196,6 +199,33 @@ impl Engine {
         }
         self.shared.ready.store(true, Ordering::Release);
         self.shared.admission().set_accepting(true);
+    }
+
+    /// Gives warm-up slot `slot` of a model with prompts (PersonaPlex) the
+    /// empty prompt (the silence frames only): such a model steps a slot
+    /// only once its prompt is done, so without it every timed step would
+    /// be a refused one, measured at nearly nothing, and admission and the
+    /// phase groups would price the model's steps at nothing.
+    fn warm_up_prompt(&mut self, slot: usize) {
+        /// Frames of prompt work per call; the empty prompt is a dozen.
+        const CHUNK_FRAMES: usize = 64;
+        /// Calls before giving up: far more than the empty prompt needs.
+        const MAX_CHUNKS: usize = 64;
+        if let Err(e) = self.model.begin_prompt(slot, &Prompt::default()) {
+            eprintln!("<4>engine: warm-up prompt of slot {slot} refused: {e}");
+            return;
+        }
+        for _ in 0..MAX_CHUNKS {
+            match self.model.prompt_chunk(slot, CHUNK_FRAMES) {
+                Ok(PromptProgress::Done) => return,
+                Ok(PromptProgress::Pending { .. }) => {}
+                Err(e) => {
+                    eprintln!("<4>engine: warm-up prompt of slot {slot} failed: {e}");
+                    return;
+                }
+            }
+        }
+        eprintln!("<4>engine: warm-up prompt of slot {slot} not done after {MAX_CHUNKS} chunks");
     }
 
     /// Runs ticks until `shared.stop` is set. Closes the doorbells on return.
