@@ -701,7 +701,7 @@ fn step_line(s: &StepReport) -> String {
     let l = s.latency_ms.as_ref();
     format!(
         "{:?} N={:>3}: sessions {} refused {} errors {} | latency p50 {} p90 {} p99 {} max {} ms | \
-         misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus; without engine thread {} = {}x) | batch mean {} max {}, step {:.1} ms | \
+         misses {} (late {}, unanswered {}) | cpu {} ms/stream-s ({}x opus; without engine thread {} = {}x) | batch mean {} max {}, predicted step {:.1} ms | \
          send lag p99 {} ms | others {} cores | {}",
         s.protocol,
         s.streams,
@@ -721,7 +721,11 @@ fn step_line(s: &StepReport) -> String {
         fmt_opt(s.ratio_to_bare_opus_excl_engine, 2),
         fmt_opt(s.mean_batch, 1),
         s.engine_after.max_batch,
-        s.engine_before.predicted_step_ms,
+        // Halfway through, while every caller streams (the snapshot at the
+        // start may come before any group is occupied: 0).
+        s.groups.as_ref().map_or(s.engine_before.predicted_step_ms, |g| {
+            g.largest_predicted_step_ms()
+        }),
         fmt_opt(s.send_lag_ms.as_ref().map(|l| l.p99), 1),
         fmt_opt(s.other_cores, 2),
         if s.held {

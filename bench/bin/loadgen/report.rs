@@ -138,12 +138,13 @@ pub struct GroupsSnapshot {
     pub groups: Vec<GroupLoad>,
 }
 
-/// One phase group's load and measured wait.
+/// One phase group's load, measured wait and predicted step.
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupLoad {
     pub phase_ms: f64,
     pub sessions: u64,
     pub wait_ms: f64,
+    pub predicted_step_ms: f64,
 }
 
 impl GroupsSnapshot {
@@ -157,6 +158,7 @@ impl GroupsSnapshot {
                 phase_ms: g["phase_ms"].as_f64().unwrap_or(0.0),
                 sessions: g["sessions"].as_u64().unwrap_or(0),
                 wait_ms: g["wait_ms"].as_f64().unwrap_or(0.0),
+                predicted_step_ms: g["predicted_step_ms"].as_f64().unwrap_or(0.0),
             })
             .collect();
         Some(GroupsSnapshot {
@@ -164,6 +166,14 @@ impl GroupsSnapshot {
             groups_in_use: c["groups_in_use"].as_u64()?,
             groups,
         })
+    }
+
+    /// The largest group's predicted step, in ms (0 with no group occupied).
+    pub fn largest_predicted_step_ms(&self) -> f64 {
+        self.groups
+            .iter()
+            .map(|g| g.predicted_step_ms)
+            .fold(0.0, f64::max)
     }
 
     /// `4 groups: 0ms×3 wait 9.1, 20ms×2 wait 7.0, …` (occupied groups only).
