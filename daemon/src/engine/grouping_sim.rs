@@ -21,6 +21,11 @@
 //!   (at most one tick in 10 000);
 //! * frames that wait while a plan fits only once such moves are done are
 //!   not held to the bound above, and are at most 1 % of them.
+//!
+//! The simulation's `run` is one function of about 150 lines on purpose:
+//! it retells the engine's tick loop (`thread.rs`) step for step on the
+//! virtual clock, so that the two read side by side; cut into pieces it
+//! would no longer mirror the loop it checks.
 
 use super::grouping::{
     lateness_allowed_ms, Grouping, MaxGroups, AUTO_POSITIONS, GUARD_NS, HYSTERESIS_NS,
