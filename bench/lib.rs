@@ -3,8 +3,9 @@
 //! [`ZeroCostModel`] is a model whose step does no work, so that a bench
 //! measures what moshid itself costs per stream-frame (lanes, batch fill,
 //! doorbells, codecs) rather than the model. [`signal`] is the benchmarks'
-//! speech-like test signal.
+//! speech-like test signal, [`percentiles`] their nearest-rank statistics.
 
+pub mod percentiles;
 pub mod signal;
 
 use moshid_model::streaming::{Batch, ModelError, SessionParams, StreamingModel};

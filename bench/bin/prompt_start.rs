@@ -26,6 +26,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use moshid::client::percent_encode;
+use moshid_bench::percentiles::percentile;
 use moshid_testkit::chat::{open_session, NotStarted};
 use serde_json::json;
 
@@ -55,19 +57,6 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// Percent-encodes a query value (unreserved characters kept).
-fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() * 3);
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// One session's start: Ok(ms) or why it did not start.
 fn start_ms(url: &str, timeout: Duration) -> Result<f64, String> {
     let t = Instant::now();
@@ -83,12 +72,6 @@ fn start_ms(url: &str, timeout: Duration) -> Result<f64, String> {
         Err(NotStarted::Refused(why)) => Err(format!("refused: {why}")),
         Err(e) => Err(format!("{e:?}")),
     }
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn summary(values: &[f64]) -> serde_json::Value {
@@ -117,8 +100,8 @@ fn main() -> ExitCode {
     let query = |text: &str| {
         format!(
             "{base}?voice_prompt={}&text_prompt={}",
-            encode(&args.voice),
-            encode(text)
+            percent_encode(&args.voice),
+            percent_encode(text)
         )
     };
     let (mut cold, mut warm) = (Vec::new(), Vec::new());

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 pub use run::{run, run_with_text_output, ClientOptions, ClientReport, DEFAULT_URL};
 pub use session::{
-    chat_url, decode_audio, is_closed, would_block, ChatConnection, ChatReceiver, ChatSender,
-    ServerEvent,
+    chat_url, decode_audio, is_closed, percent_encode, would_block, ChatConnection, ChatReceiver,
+    ChatSender, ServerEvent,
 };
 pub use wav::OutputFormat;
 

@@ -350,8 +350,9 @@ pub fn chat_url(base: &str, params: &[(String, String)]) -> Result<String, Clien
     Ok(url)
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn percent_encode(text: &str) -> String {
+/// Percent-encodes everything but RFC 3986 unreserved characters (a
+/// query key or value).
+pub fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
